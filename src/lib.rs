@@ -1,0 +1,42 @@
+//! kvtier: a verified concurrency core for KV-cache tiering.
+//!
+//! An LLM server asks, every scheduler step and without blocking, whether a
+//! secondary tier (file system, object store) holds the KV blocks a waiting
+//! request could load. kvtier answers through two layers:
+//!
+//! - [`LookupTable`]: the whole protocol as a deterministic, sans-IO state
+//!   machine — per-key generations, request groups, stale-result filtering,
+//!   `mark_miss` tickets, cleanup with in-flight probe sharing. No threads,
+//!   clocks or I/O: tests, the reference model and model checkers drive it
+//!   directly.
+//! - [`AsyncLookup`]: a thin driver that runs a [`LookupBackend`] on a worker
+//!   thread, publishes each request group's answers as soon as it is done
+//!   through a lock-free stack, and turns every backend fault into misses.
+//!
+//! Every synchronisation primitive comes from one internal shim, so the same
+//! driver code runs under [loom](https://docs.rs/loom) (`--cfg kvtier_loom`)
+//! and [shuttle](https://docs.rs/shuttle) (`--cfg kvtier_shuttle`). See
+//! `docs/design.md` for the state machine and its invariants.
+//!
+//! ```
+//! use kvtier::{AsyncLookup, Verdict};
+//!
+//! let tier = |keys: &[u64], _request: &u64| keys.iter().map(|k| *k < 100).collect();
+//! let mut lookup = AsyncLookup::new(tier)?;
+//! assert_eq!(lookup.lookup(&42, &1)?, Verdict::Pending);
+//! lookup.flush()?;
+//! lookup.wait_idle()?;
+//! assert!(lookup.lookup(&42, &1)?.is_hit());
+//! # Ok::<(), kvtier::LookupError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod lookup;
+mod publish;
+mod sync;
+
+pub use lookup::{
+    AsyncLookup, Generation, Group, GroupOutcome, GroupResult, KeyState, LookupBackend,
+    LookupError, LookupTable, Phase, Request, Stats, Submission, Ticket, Verdict,
+};

@@ -1,0 +1,132 @@
+//! The storage side of a lookup: the backend trait and the fault-proof call
+//! the worker makes for each group.
+
+use std::convert::Infallible;
+use std::fmt::Display;
+use std::panic::{self, AssertUnwindSafe};
+
+use super::submission::{Group, GroupResult, collect_answers};
+use super::types::Request;
+
+/// A tier that can say whether it holds blocks, one request group at a time.
+///
+/// Called from the lookup worker thread, never from the scheduler. The
+/// answers may be any iterator (a `Vec<bool>`, or a lazy iterator that does
+/// I/O as it is consumed); the worker consumes at most one answer more than
+/// there are keys.
+///
+/// Faults never reach the scheduler as anything but misses: an `Err` makes
+/// every key of the group a miss; a panic, in the call or while its answers
+/// are consumed, is caught and makes every unanswered key a miss (the worker
+/// keeps serving with the same backend value, so a backend that can be left
+/// inconsistent by a panic should recover on its next call); fewer answers
+/// than keys make the rest misses; surplus answers are ignored. Each fault is
+/// logged and counted in [`Stats`](crate::Stats).
+///
+/// ```
+/// use std::collections::HashSet;
+/// use kvtier::LookupBackend;
+///
+/// /// A tier that holds a fixed set of block hashes.
+/// struct Resident(HashSet<u64>);
+///
+/// impl LookupBackend<u64, String> for Resident {
+///     type Answers = Vec<bool>;
+///     type Error = std::convert::Infallible;
+///
+///     fn batch_lookup(&mut self, keys: &[u64], _request: &String) -> Result<Vec<bool>, Self::Error> {
+///         Ok(keys.iter().map(|key| self.0.contains(key)).collect())
+///     }
+/// }
+/// ```
+pub trait LookupBackend<K, R> {
+    /// One answer per key, in key order.
+    type Answers: IntoIterator<Item = bool>;
+    /// Why a whole group could not be answered.
+    type Error: Display;
+
+    /// Says, for each of `keys`, whether the tier holds it. `request` is the
+    /// request whose lookups created the group, as context.
+    fn batch_lookup(&mut self, keys: &[K], request: &R) -> Result<Self::Answers, Self::Error>;
+}
+
+/// Any closure `FnMut(&[K], &R) -> Vec<bool>` is an infallible backend.
+impl<K, R, F> LookupBackend<K, R> for F
+where
+    F: FnMut(&[K], &R) -> Vec<bool>,
+{
+    type Answers = Vec<bool>;
+    type Error = Infallible;
+
+    fn batch_lookup(&mut self, keys: &[K], request: &R) -> Result<Vec<bool>, Infallible> {
+        Ok(self(keys, request))
+    }
+}
+
+/// Probes one group, turning every fault into misses (see [`LookupBackend`]).
+pub(crate) fn probe_group<K, R, B>(backend: &mut B, group: Group<K, R>) -> GroupResult<K>
+where
+    R: Request,
+    B: LookupBackend<K, R>,
+{
+    let limit = group.len();
+    let mut found = Vec::with_capacity(limit);
+    let call = panic::catch_unwind(AssertUnwindSafe(|| {
+        // Everything that runs backend code stays inside this closure: the
+        // call, consuming a lazy answer iterator, dropping it, and formatting
+        // the error.
+        match backend.batch_lookup(group.keys(), group.request()) {
+            Ok(answers) => Ok(collect_answers(answers, limit, &mut found)),
+            Err(error) => Err(error.to_string()),
+        }
+    }));
+    match call {
+        Ok(Ok(surplus)) => {
+            if found.len() < limit {
+                tracing::warn!(
+                    request = ?group.request().id(),
+                    keys = limit,
+                    answered = found.len(),
+                    "backend gave fewer answers than keys; the rest are misses"
+                );
+            } else if surplus {
+                tracing::warn!(
+                    request = ?group.request().id(),
+                    keys = limit,
+                    "backend gave more answers than keys; the surplus is ignored"
+                );
+            }
+            group.collected(found, surplus)
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(
+                request = ?group.request().id(),
+                keys = limit,
+                %error,
+                "backend lookup failed; the group's keys are misses"
+            );
+            group.failed()
+        }
+        Err(payload) => {
+            tracing::error!(
+                request = ?group.request().id(),
+                keys = limit,
+                answered = found.len(),
+                panic = %panic_message(payload.as_ref()),
+                "backend panicked; unanswered keys are misses"
+            );
+            group.panicked(found)
+        }
+    }
+}
+
+/// The text of a panic payload, when it has one.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

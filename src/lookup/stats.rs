@@ -1,0 +1,46 @@
+//! Counters of the lookup protocol.
+
+/// A snapshot of the lookup counters.
+///
+/// All counters are owned by the scheduler-side table: backend faults are
+/// counted when the worker's result for the group is applied, not when the
+/// worker sees them, so reading stats never synchronises with the worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `lookup` calls.
+    pub lookups: u64,
+    /// Lookups answered [`Verdict::Hit`](crate::Verdict::Hit).
+    pub hits: u64,
+    /// Lookups answered [`Verdict::Miss`](crate::Verdict::Miss).
+    pub misses: u64,
+    /// Lookups answered [`Verdict::Pending`](crate::Verdict::Pending).
+    pub pending: u64,
+    /// Keys handed to the worker.
+    pub keys_submitted: u64,
+    /// Request groups handed to the worker.
+    pub groups_submitted: u64,
+    /// Group results applied to the table.
+    pub groups_applied: u64,
+    /// Results dropped because their key was cleaned up, or cleaned up and
+    /// looked up again (a newer generation) while the probe was in flight.
+    pub stale_results: u64,
+    /// Results of probes nobody waited for any more (every requester was
+    /// cleaned up while in flight and nobody joined); the state was removed.
+    pub orphans_dropped: u64,
+    /// Events the protocol rules out by construction (a second result for one
+    /// generation, a result for a state that is not in flight, a batch entry
+    /// whose state left `Pending` without being submitted). Always 0 unless
+    /// kvtier has a bug; the models assert it.
+    pub anomalies: u64,
+    /// Resolved hits turned into misses by `mark_miss` / `mark_miss_keys`.
+    pub marked_miss: u64,
+    /// Groups whose backend call returned an error (all keys became misses).
+    pub backend_errors: u64,
+    /// Groups whose backend call, or the consumption of its answers,
+    /// panicked (unanswered keys became misses).
+    pub backend_panics: u64,
+    /// Groups answered with fewer answers than keys (the rest became misses).
+    pub short_results: u64,
+    /// Groups answered with more answers than keys (the surplus was ignored).
+    pub surplus_results: u64,
+}

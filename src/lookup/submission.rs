@@ -1,0 +1,188 @@
+//! What travels between the table and whoever probes the tier: a step's
+//! [`Submission`] of request [`Group`]s out, one [`GroupResult`] per group back.
+
+use super::types::Generation;
+
+/// The new keys of one step, grouped by request in order of first appearance.
+///
+/// Produced by [`LookupTable::take_submission`](crate::LookupTable::take_submission);
+/// never empty. Probe each group once and hand its result back with
+/// [`LookupTable::apply`](crate::LookupTable::apply), in any order.
+#[derive(Debug)]
+pub struct Submission<K, R> {
+    pub(crate) groups: Vec<Group<K, R>>,
+}
+
+impl<K, R> Submission<K, R> {
+    /// The groups, in first-appearance order of their requests.
+    pub fn groups(&self) -> &[Group<K, R>] {
+        &self.groups
+    }
+
+    /// Takes the groups out, in first-appearance order of their requests.
+    pub fn into_groups(self) -> Vec<Group<K, R>> {
+        self.groups
+    }
+
+    /// Keys in the submission, over all groups.
+    pub fn key_count(&self) -> usize {
+        self.groups.iter().map(Group::len).sum()
+    }
+}
+
+/// The keys one request asked for first in a step, each with the generation
+/// of the state it was submitted for.
+#[derive(Debug)]
+pub struct Group<K, R> {
+    pub(crate) request: R,
+    pub(crate) keys: Vec<K>,
+    pub(crate) generations: Vec<Generation>,
+}
+
+impl<K, R> Group<K, R> {
+    pub(crate) fn new(request: R) -> Self {
+        Self {
+            request,
+            keys: Vec::new(),
+            generations: Vec::new(),
+        }
+    }
+
+    /// The request whose lookups created these keys' states, passed to the
+    /// backend as context.
+    pub fn request(&self) -> &R {
+        &self.request
+    }
+
+    /// The keys to probe.
+    pub fn keys(&self) -> &[K] {
+        &self.keys
+    }
+
+    /// Number of keys in the group.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Never true for a group in a submission; present for completeness.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The result for a group the backend answered: one answer per key, in
+    /// key order. Fewer answers than keys make the rest misses (and are
+    /// counted as a short result); answers beyond the keys are ignored (and
+    /// counted). At most `len() + 1` answers are pulled from the iterator.
+    pub fn answered(self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
+        let mut found = Vec::with_capacity(self.len());
+        let surplus = collect_answers(answers, self.len(), &mut found);
+        self.collected(found, surplus)
+    }
+
+    /// The result for answers already pulled by [`collect_answers`].
+    pub(crate) fn collected(self, found: Vec<bool>, surplus: bool) -> GroupResult<K> {
+        let outcome = if found.len() < self.len() {
+            GroupOutcome::Short {
+                answered: found.len(),
+            }
+        } else if surplus {
+            GroupOutcome::Surplus
+        } else {
+            GroupOutcome::Answered
+        };
+        self.finish(found, outcome)
+    }
+
+    /// The result for a group whose backend call failed: every key is a miss.
+    pub fn failed(self) -> GroupResult<K> {
+        self.finish(Vec::new(), GroupOutcome::BackendError)
+    }
+
+    /// The result for a group whose backend panicked after giving `found`
+    /// answers: those stand, every other key is a miss.
+    pub(crate) fn panicked(self, found: Vec<bool>) -> GroupResult<K> {
+        let answered = found.len().min(self.len());
+        self.finish(found, GroupOutcome::BackendPanic { answered })
+    }
+
+    fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
+        // Every key gets exactly one answer: a key left without one would
+        // stay in flight forever (the reference's `zip` defect).
+        found.resize(self.keys.len(), false);
+        GroupResult {
+            keys: self.keys,
+            generations: self.generations,
+            found,
+            outcome,
+        }
+    }
+}
+
+/// Pulls at most `limit` answers into `found`; returns whether the iterator
+/// had more than `limit`. Bounded so an endless backend iterator cannot hang
+/// the worker.
+pub(crate) fn collect_answers(
+    answers: impl IntoIterator<Item = bool>,
+    limit: usize,
+    found: &mut Vec<bool>,
+) -> bool {
+    let mut answers = answers.into_iter();
+    while found.len() < limit {
+        match answers.next() {
+            Some(answer) => found.push(answer),
+            None => return false,
+        }
+    }
+    answers.next().is_some()
+}
+
+/// How the backend dealt with a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupOutcome {
+    /// One answer per key.
+    Answered,
+    /// Fewer answers than keys; the rest are misses.
+    Short {
+        /// Answers received.
+        answered: usize,
+    },
+    /// More answers than keys; the surplus was ignored.
+    Surplus,
+    /// The backend returned an error; every key is a miss.
+    BackendError,
+    /// The backend panicked, in the call or while its answers were consumed;
+    /// unanswered keys are misses.
+    BackendPanic {
+        /// Answers received before the panic.
+        answered: usize,
+    },
+}
+
+/// The answers for one group, ready to be applied to the table.
+///
+/// Always holds exactly one answer per key (faults are already converted to
+/// misses); each key carries the generation it was submitted with, so the
+/// table can drop answers for states that were cleaned up or recreated since.
+#[derive(Debug)]
+pub struct GroupResult<K> {
+    pub(crate) keys: Vec<K>,
+    pub(crate) generations: Vec<Generation>,
+    pub(crate) found: Vec<bool>,
+    pub(crate) outcome: GroupOutcome,
+}
+
+impl<K> GroupResult<K> {
+    /// How the backend dealt with the group.
+    pub fn outcome(&self) -> GroupOutcome {
+        self.outcome
+    }
+
+    /// `(key, generation, found)` for every key of the group, in key order.
+    pub fn entries(&self) -> impl Iterator<Item = (&K, Generation, bool)> {
+        self.keys
+            .iter()
+            .zip(&self.generations)
+            .zip(&self.found)
+            .map(|((key, generation), found)| (key, *generation, *found))
+    }
+}

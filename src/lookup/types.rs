@@ -1,0 +1,146 @@
+//! The vocabulary of the lookup protocol: requests, generations, tickets, verdicts.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+/// A scheduler request that asks the tier about keys.
+///
+/// The table groups a step's new keys by request, hands the request value to
+/// the backend as context for its group, and forgets everything a request
+/// asked when [`cleanup`](crate::LookupTable::cleanup) is called with its id.
+///
+/// Implemented for `String` and `u64` (the request *is* its id). A richer
+/// request type implements it by pointing at its id field:
+///
+/// ```
+/// use kvtier::Request;
+///
+/// #[derive(Clone)]
+/// struct SchedulerRequest {
+///     id: String,
+///     lora: Option<u32>,
+/// }
+///
+/// impl Request for SchedulerRequest {
+///     type Id = String;
+///     fn id(&self) -> &String {
+///         &self.id
+///     }
+/// }
+/// ```
+pub trait Request: Clone {
+    /// Identifies the request for grouping and cleanup.
+    type Id: Eq + Hash + Clone + Debug;
+
+    /// This request's id.
+    fn id(&self) -> &Self::Id;
+}
+
+impl Request for String {
+    type Id = String;
+
+    fn id(&self) -> &String {
+        self
+    }
+}
+
+impl Request for u64 {
+    type Id = u64;
+
+    fn id(&self) -> &u64 {
+        self
+    }
+}
+
+/// One incarnation of a key's lookup state.
+///
+/// Every time a key's state is created it takes the next value of one
+/// monotonic counter, so a generation is never reused within a table: a
+/// result or ticket carrying an older generation can be recognised as stale
+/// after the key was cleaned up and looked up again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Generation(pub(crate) u64);
+
+impl Generation {
+    /// The counter value (for logs and models).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// Proof that a lookup answered [`Verdict::Hit`] for one generation of a key.
+///
+/// Give it back to [`mark_miss`](crate::LookupTable::mark_miss) when loading
+/// the block failed: only that exact generation is turned into a miss, so a
+/// late failure can never corrupt a newer lookup of the same key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket<K> {
+    pub(crate) key: K,
+    pub(crate) generation: Generation,
+}
+
+impl<K> Ticket<K> {
+    /// The key whose hit this ticket records.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// The generation that resolved as a hit.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+}
+
+/// What the tier knows about a key right now.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict<K> {
+    /// The tier holds the block: start loading it. Keep the ticket for
+    /// [`mark_miss`](crate::LookupTable::mark_miss) in case the load fails.
+    Hit(Ticket<K>),
+    /// The tier does not hold the block (or the probe failed).
+    Miss,
+    /// Not known yet: ask again next step.
+    Pending,
+}
+
+impl<K> Verdict<K> {
+    /// True for [`Verdict::Hit`].
+    pub fn is_hit(&self) -> bool {
+        matches!(self, Verdict::Hit(_))
+    }
+
+    /// True for [`Verdict::Miss`].
+    pub fn is_miss(&self) -> bool {
+        matches!(self, Verdict::Miss)
+    }
+
+    /// True for [`Verdict::Pending`].
+    pub fn is_pending(&self) -> bool {
+        matches!(self, Verdict::Pending)
+    }
+}
+
+/// Where a key's lookup stands (see [`LookupTable::key_state`](crate::LookupTable::key_state)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Looked up this step; goes to the worker at the next flush.
+    Pending,
+    /// Submitted to the worker; its result has not been applied yet.
+    InFlight,
+    /// The result is known.
+    Resolved {
+        /// Whether the tier holds the block.
+        found: bool,
+    },
+}
+
+/// A read-only view of one key's state, for tests, models and diagnostics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// The incarnation of the key's state.
+    pub generation: Generation,
+    /// Where the lookup stands.
+    pub phase: Phase,
+    /// How many live requests asked for the key (0 for an orphaned in-flight probe).
+    pub requesters: usize,
+}

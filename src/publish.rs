@@ -1,0 +1,160 @@
+//! Lock-free publication from workers to the scheduler.
+//!
+//! A [`PublishStack`] is an intrusive singly linked stack. Producers (the
+//! lookup worker) push one node per finished group with a compare-and-swap
+//! loop; the single consumer (the scheduler) takes the whole stack with one
+//! atomic `swap` and reverses it, which restores publication order. The
+//! consumer never waits for a producer and never takes a lock, and when
+//! nothing was published its check is a single atomic load.
+//!
+//! Why this is sound without hazard pointers or tags: nodes are only ever
+//! removed by swapping the *whole* list out, never popped one by one, so there
+//! is no ABA window — a producer's CAS either links its node in front of the
+//! head it read, or fails because the head changed and retries. Once the
+//! consumer owns a detached list no producer can reach any of its nodes.
+
+use std::ptr;
+
+use crate::sync::atomic::{AtomicPtr, Ordering};
+
+struct Node<T> {
+    value: T,
+    next: *mut Node<T>,
+}
+
+/// Multi-producer, single-consumer publication stack (see the module docs).
+pub(crate) struct PublishStack<T> {
+    head: AtomicPtr<Node<T>>,
+}
+
+// SAFETY: the stack owns `T` values that move from producer threads to the
+// consumer thread, which is exactly what `T: Send` permits; the raw pointers
+// are only ever dereferenced by whoever owns the node at that moment.
+unsafe impl<T: Send> Send for PublishStack<T> {}
+// SAFETY: shared access is limited to atomic operations on `head`; node
+// ownership is transferred whole through those atomics (see module docs).
+unsafe impl<T: Send> Sync for PublishStack<T> {}
+
+impl<T> PublishStack<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// Publishes `value`; it will be seen by the next [`take_all`](Self::take_all)
+    /// that follows this push.
+    pub(crate) fn push(&self, value: T) {
+        let node = Box::into_raw(Box::new(Node {
+            value,
+            next: ptr::null_mut(),
+        }));
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `node` came from `Box::into_raw` above and is not yet
+            // shared: only this thread can reach it until the CAS succeeds.
+            unsafe { (*node).next = head };
+            // Release: the node's contents (and everything the worker did to
+            // produce them) happen-before the consumer's Acquire swap.
+            match self
+                .head
+                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(current) => head = current,
+            }
+        }
+    }
+
+    /// True when nothing has been published since the last `take_all`.
+    /// One atomic load: this is the scheduler's hot-path check.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Acquire).is_null()
+    }
+
+    /// Takes everything published so far, oldest first.
+    pub(crate) fn take_all(&self) -> Vec<T> {
+        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        let mut taken = Vec::new();
+        while !node.is_null() {
+            // SAFETY: the swap detached the whole list; every node in it was
+            // created by `Box::into_raw` in `push` and is now owned solely by
+            // this thread, and each is reclaimed exactly once here.
+            let boxed = unsafe { Box::from_raw(node) };
+            node = boxed.next;
+            taken.push(boxed.value);
+        }
+        // The stack yields newest first; publication order is the reverse.
+        taken.reverse();
+        taken
+    }
+}
+
+impl<T> Drop for PublishStack<T> {
+    fn drop(&mut self) {
+        drop(self.take_all());
+    }
+}
+
+#[cfg(all(test, not(any(kvtier_loom, kvtier_shuttle))))]
+mod tests {
+    use super::*;
+    use crate::sync::{Arc, thread};
+
+    #[test]
+    fn take_all_returns_publication_order_and_empties_the_stack() {
+        let stack = PublishStack::new();
+        assert!(stack.is_empty());
+        for i in 0..5 {
+            stack.push(i);
+        }
+        assert!(!stack.is_empty());
+        assert_eq!(stack.take_all(), vec![0, 1, 2, 3, 4]);
+        assert!(stack.is_empty());
+        assert!(stack.take_all().is_empty());
+    }
+
+    #[test]
+    fn concurrent_producers_lose_nothing_and_keep_per_producer_order() {
+        let stack = Arc::new(PublishStack::new());
+        let producers: Vec<_> = (0..4u32)
+            .map(|p| {
+                let stack = stack.clone();
+                thread::Builder::new()
+                    .spawn(move || {
+                        for i in 0..1000u32 {
+                            stack.push((p, i));
+                        }
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let mut seen = Vec::new();
+        while seen.len() < 4000 {
+            seen.extend(stack.take_all());
+            if producers.iter().all(|p| p.is_finished()) {
+                seen.extend(stack.take_all());
+                break;
+            }
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+        seen.extend(stack.take_all());
+        assert_eq!(seen.len(), 4000);
+        for p in 0..4 {
+            let order: Vec<u32> = seen.iter().filter(|(q, _)| *q == p).map(|(_, i)| *i).collect();
+            assert_eq!(order, (0..1000).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn dropping_a_non_empty_stack_drops_its_values() {
+        let value = Arc::new(());
+        let stack = PublishStack::new();
+        stack.push(value.clone());
+        stack.push(value.clone());
+        drop(stack);
+        assert_eq!(Arc::strong_count(&value), 1);
+    }
+}
