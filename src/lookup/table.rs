@@ -396,3 +396,62 @@ where
         Ok(())
     }
 }
+
+/// Results the public API cannot produce (a duplicate, a foreign
+/// generation), built by hand to show the table's last-line guards.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result_for(key: u64, generation: Generation, found: bool) -> GroupResult<u64> {
+        GroupResult {
+            keys: vec![key],
+            generations: vec![generation],
+            found: vec![found],
+            outcome: GroupOutcome::Answered,
+        }
+    }
+
+    fn in_flight(table: &mut LookupTable<u64, u64>, key: u64, request: u64) -> Generation {
+        table.lookup(&key, &request);
+        table.take_submission().expect("a new key");
+        table.key_state(&key).expect("tracked").generation
+    }
+
+    #[test]
+    fn a_result_for_another_generation_is_dropped_as_stale() {
+        let mut table = LookupTable::<u64, u64>::new();
+        let current = in_flight(&mut table, 5, 1);
+        table.apply(result_for(5, Generation(current.0 + 1), true));
+        table.apply(result_for(6, current, true)); // no such key
+        assert_eq!(table.stats().stale_results, 2);
+        assert_eq!(table.key_state(&5).unwrap().phase, Phase::InFlight);
+        table.apply(result_for(5, current, false));
+        assert_eq!(table.lookup(&5, &1), Verdict::Miss);
+        assert_eq!(table.stats().anomalies, 0);
+    }
+
+    #[test]
+    fn a_duplicate_result_is_counted_as_an_anomaly_and_changes_nothing() {
+        let mut table = LookupTable::<u64, u64>::new();
+        let generation = in_flight(&mut table, 5, 1);
+        table.apply(result_for(5, generation, true));
+        table.apply(result_for(5, generation, false));
+        assert_eq!(table.stats().anomalies, 1);
+        assert!(table.lookup(&5, &1).is_hit(), "the first answer stands");
+    }
+
+    #[test]
+    fn a_result_for_a_pending_state_is_an_anomaly() {
+        let mut table = LookupTable::<u64, u64>::new();
+        table.lookup(&5, &1);
+        let generation = table.key_state(&5).unwrap().generation;
+        table.apply(result_for(5, generation, true));
+        assert_eq!(table.stats().anomalies, 1);
+        assert_eq!(table.key_state(&5).unwrap().phase, Phase::Pending);
+        // The key is still submitted and resolved normally afterwards.
+        let group = table.take_submission().unwrap().into_groups().remove(0);
+        table.apply(group.answered([true]));
+        assert!(table.lookup(&5, &1).is_hit());
+    }
+}

@@ -1,0 +1,322 @@
+//! The threaded driver against scripted backends. Tests wait for the worker
+//! through channels from the backend or `wait_idle`, never by sleeping.
+
+mod common;
+
+use std::sync::mpsc::channel;
+
+use common::{Call, GatedBackend, req};
+use kvtier::{AsyncLookup, LookupBackend, LookupError, Verdict};
+
+#[test]
+fn keys_resolve_as_the_backend_answers() {
+    let harness = GatedBackend::new([2, 4]);
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    let a = req("a");
+    for key in [1, 2, 3, 4] {
+        assert_eq!(lookup.lookup(&key, &a).unwrap(), Verdict::Pending);
+    }
+    assert_eq!(lookup.flush().unwrap(), 4);
+    lookup.wait_idle().unwrap();
+    let verdicts: Vec<bool> = [1, 2, 3, 4]
+        .iter()
+        .map(|key| lookup.lookup(key, &a).unwrap().is_hit())
+        .collect();
+    assert_eq!(verdicts, [false, true, false, true]);
+    assert_eq!(
+        harness.started.try_iter().collect::<Vec<_>>(),
+        vec![Call {
+            request: a.clone(),
+            keys: vec![1, 2, 3, 4]
+        }]
+    );
+}
+
+#[test]
+fn one_backend_call_per_request_group_in_first_appearance_order() {
+    let harness = GatedBackend::new([]);
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&1, &req("b")).unwrap();
+    lookup.lookup(&2, &req("a")).unwrap();
+    lookup.lookup(&3, &req("b")).unwrap();
+    lookup.lookup(&2, &req("b")).unwrap(); // known key: not probed again
+    lookup.flush().unwrap();
+    assert_eq!(lookup.flush().unwrap(), 0, "nothing new: nothing submitted");
+    lookup.wait_idle().unwrap();
+    let calls: Vec<(String, Vec<u64>)> = harness
+        .started
+        .try_iter()
+        .map(|c| (c.request, c.keys))
+        .collect();
+    assert_eq!(calls, vec![(req("b"), vec![1, 3]), (req("a"), vec![2])]);
+    assert_eq!(lookup.stats().groups_submitted, 2);
+}
+
+#[test]
+fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
+    let mut harness = GatedBackend::new([1, 2]);
+    let release_slow = harness.gate("slow");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&1, &req("fast")).unwrap();
+    lookup.lookup(&2, &req("slow")).unwrap();
+    lookup.flush().unwrap();
+    assert_eq!(harness.started.recv().unwrap().request, "fast");
+    // The worker publishes "fast" before it calls the backend for "slow".
+    assert_eq!(harness.started.recv().unwrap().request, "slow");
+    assert!(lookup.lookup(&1, &req("fast")).unwrap().is_hit());
+    assert!(lookup.lookup(&2, &req("slow")).unwrap().is_pending());
+    release_slow.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.lookup(&2, &req("slow")).unwrap().is_hit());
+}
+
+#[test]
+fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
+    // The reference only looked at published answers on the first lookup
+    // after a flush. Here the answer lands after that first lookup, and the
+    // very next lookup in the same step, with no flush in between, sees it.
+    let mut harness = GatedBackend::new([7]);
+    let release = harness.gate("a");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&7, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    lookup.lookup(&8, &req("b")).unwrap();
+    lookup.flush().unwrap(); // the step's last flush
+    assert_eq!(harness.started.recv().unwrap().request, "a");
+    assert!(lookup.lookup(&7, &req("a")).unwrap().is_pending(), "first lookup after the flush");
+    release.send(()).unwrap();
+    // b's call starts only after a's answer was published.
+    assert_eq!(harness.started.recv().unwrap().request, "b");
+    assert!(lookup.lookup(&7, &req("a")).unwrap().is_hit(), "second lookup, same step");
+}
+
+#[test]
+fn answers_from_several_steps_all_become_visible() {
+    let mut harness = GatedBackend::new([1, 2, 3]);
+    let release = harness.gate("s1");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    for (step, key) in [("s1", 1), ("s2", 2), ("s3", 3)] {
+        lookup.lookup(&key, &req(step)).unwrap();
+        lookup.flush().unwrap();
+    }
+    release.send(()).unwrap();
+    assert_eq!(lookup.wait_idle().unwrap(), 3);
+    for (step, key) in [("s1", 1), ("s2", 2), ("s3", 3)] {
+        assert!(lookup.lookup(&key, &req(step)).unwrap().is_hit());
+    }
+}
+
+#[test]
+fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
+    let mut harness = GatedBackend::new([5]);
+    let release = harness.gate("a");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&5, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    harness.started.recv().unwrap();
+    lookup.cleanup(&req("a")).unwrap();
+    assert!(lookup.lookup(&5, &req("b")).unwrap().is_pending());
+    assert_eq!(lookup.flush().unwrap(), 0, "b joins a's probe");
+    release.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.lookup(&5, &req("b")).unwrap().is_hit());
+    assert_eq!(lookup.stats().keys_submitted, 1);
+}
+
+#[test]
+fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
+    let mut harness = GatedBackend::new([5]);
+    let release = harness.gate("a");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&5, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    harness.started.recv().unwrap();
+    lookup.cleanup(&req("a")).unwrap();
+    release.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.table().is_empty());
+    assert_eq!(lookup.stats().orphans_dropped, 1);
+    assert!(lookup.lookup(&5, &req("b")).unwrap().is_pending());
+    assert_eq!(lookup.flush().unwrap(), 1, "probed afresh");
+}
+
+#[test]
+fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
+    let mut harness = GatedBackend::new([9]);
+    let release = harness.gate("b");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&9, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    assert_eq!(harness.started.recv().unwrap().request, "a");
+    let Verdict::Hit(ticket) = lookup.lookup(&9, &req("a")).unwrap() else {
+        panic!("9 is stored")
+    };
+    // The load of gen 0 starts; a finishes; b looks 9 up again (gen 1, in flight).
+    lookup.cleanup(&req("a")).unwrap();
+    lookup.lookup(&9, &req("b")).unwrap();
+    lookup.flush().unwrap();
+    assert_eq!(harness.started.recv().unwrap().request, "b");
+    // The gen-0 load fails now, while gen 1 is in flight.
+    assert!(!lookup.mark_miss(&ticket).unwrap());
+    assert_eq!(lookup.mark_miss_keys([&9]).unwrap(), 0);
+    release.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.lookup(&9, &req("b")).unwrap().is_hit(), "gen 1's own answer");
+    // And once gen 1 resolved, a stale ticket still cannot flip it.
+    assert!(!lookup.mark_miss(&ticket).unwrap());
+    assert!(lookup.lookup(&9, &req("b")).unwrap().is_hit());
+    assert_eq!(lookup.stats().anomalies, 0);
+}
+
+#[test]
+fn mark_miss_stops_the_failed_load_livelock_without_reprobing() {
+    let harness = GatedBackend::new([3]);
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&3, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    let Verdict::Hit(ticket) = lookup.lookup(&3, &req("a")).unwrap() else {
+        panic!("3 is stored")
+    };
+    assert!(lookup.mark_miss(&ticket).unwrap());
+    assert!(lookup.lookup(&3, &req("a")).unwrap().is_miss());
+    assert_eq!(lookup.flush().unwrap(), 0);
+    assert_eq!(harness.started.try_iter().count(), 1);
+}
+
+/// A backend whose faults are scripted per request id.
+struct Faulty;
+
+impl LookupBackend<u64, String> for Faulty {
+    type Answers = Box<dyn Iterator<Item = bool>>;
+    type Error = String;
+
+    fn batch_lookup(&mut self, keys: &[u64], request: &String) -> Result<Self::Answers, String> {
+        let n = keys.len();
+        match request.as_str() {
+            "error" => Err("object store unreachable".to_owned()),
+            "panic-in-call" => panic!("backend bug in the call"),
+            // Lazy: the first answer is produced, then consuming panics.
+            "panic-while-consumed" => Ok(Box::new(
+                (0..n).map(|i| if i == 0 { true } else { panic!("backend bug mid-iteration") }),
+            )),
+            "short" => Ok(Box::new(std::iter::repeat_n(true, n - 1))),
+            "surplus" => Ok(Box::new(std::iter::repeat(true))),
+            _ => Ok(Box::new(std::iter::repeat_n(true, n))),
+        }
+    }
+}
+
+#[test]
+fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
+    let mut lookup = AsyncLookup::new(Faulty).unwrap();
+    let cases = [
+        "error",
+        "panic-in-call",
+        "panic-while-consumed",
+        "short",
+        "surplus",
+        "healthy",
+    ];
+    // All faults in one submission: later groups must still be answered.
+    for (i, case) in cases.iter().enumerate() {
+        for k in 0..3u64 {
+            lookup.lookup(&(i as u64 * 10 + k), &req(case)).unwrap();
+        }
+    }
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    let hits = |lookup: &mut AsyncLookup<u64, String, Faulty>, i: u64| -> Vec<bool> {
+        (0..3)
+            .map(|k| {
+                let verdict = lookup.lookup(&(i * 10 + k), &req(cases[i as usize])).unwrap();
+                assert!(!verdict.is_pending(), "no key stays in flight");
+                verdict.is_hit()
+            })
+            .collect()
+    };
+    assert_eq!(hits(&mut lookup, 0), [false, false, false], "error");
+    assert_eq!(hits(&mut lookup, 1), [false, false, false], "panic in call");
+    assert_eq!(hits(&mut lookup, 2), [true, false, false], "panic while consumed");
+    assert_eq!(hits(&mut lookup, 3), [true, true, false], "short");
+    assert_eq!(hits(&mut lookup, 4), [true, true, true], "surplus");
+    assert_eq!(hits(&mut lookup, 5), [true, true, true], "healthy");
+    let stats = lookup.stats();
+    assert_eq!(stats.backend_errors, 1);
+    assert_eq!(stats.backend_panics, 2);
+    assert_eq!(stats.short_results, 1);
+    assert_eq!(stats.surplus_results, 1);
+
+    // The worker survived: a later step is served.
+    lookup.lookup(&100, &req("healthy")).unwrap();
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.lookup(&100, &req("healthy")).unwrap().is_hit());
+
+    for case in cases {
+        lookup.cleanup(&req(case)).unwrap();
+    }
+    lookup.shutdown().unwrap();
+    assert!(lookup.table().is_empty(), "no state leaked");
+}
+
+#[test]
+fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
+    let mut harness = GatedBackend::new([1, 2]);
+    let release = harness.gate("s1");
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&1, &req("s1")).unwrap();
+    lookup.flush().unwrap();
+    lookup.lookup(&2, &req("s2")).unwrap();
+    lookup.flush().unwrap();
+    harness.started.recv().unwrap(); // s1 in flight, s2 queued
+    release.send(()).unwrap();
+    lookup.shutdown().unwrap();
+    assert_eq!(lookup.stats().groups_applied, 2, "queued work done and applied");
+    assert_eq!(harness.started.try_iter().count(), 1, "s2 was probed too");
+    assert!(matches!(lookup.lookup(&1, &req("s1")), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.flush(), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.drain(), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.wait_idle(), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.cleanup(&req("s1")), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.mark_miss_keys([&1]), Err(LookupError::ShutDown)));
+    assert!(matches!(lookup.shutdown(), Err(LookupError::ShutDown)));
+    // The table is still readable.
+    assert_eq!(lookup.table().len(), 2);
+}
+
+#[test]
+fn dropping_the_driver_lets_the_worker_finish_and_joins_it() {
+    let (done_tx, done_rx) = channel();
+    let backend = move |keys: &[u64], _request: &String| {
+        done_tx.send(keys.to_vec()).unwrap();
+        vec![true; keys.len()]
+    };
+    let mut lookup = AsyncLookup::new(backend).unwrap();
+    for step in 0..3u64 {
+        lookup.lookup(&step, &req("a")).unwrap();
+        lookup.flush().unwrap();
+    }
+    drop(lookup);
+    // Joined: the backend (and its sender) is gone, after all three calls.
+    assert_eq!(done_rx.iter().collect::<Vec<_>>(), vec![vec![0], vec![1], vec![2]]);
+}
+
+#[test]
+fn drain_applies_published_answers_without_a_lookup() {
+    let harness = GatedBackend::new([4]);
+    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    lookup.lookup(&4, &req("a")).unwrap();
+    lookup.flush().unwrap();
+    lookup.lookup(&5, &req("b")).unwrap();
+    lookup.flush().unwrap();
+    // Both calls started; the first one was published before the second began.
+    harness.started.recv().unwrap();
+    harness.started.recv().unwrap();
+    assert!(lookup.drain().unwrap() >= 1);
+    assert_eq!(
+        lookup.table().key_state(&4).unwrap().phase,
+        kvtier::Phase::Resolved { found: true }
+    );
+}

@@ -1,0 +1,342 @@
+//! The sans-IO table on its own: the reference's pinned behaviours and its
+//! defects, step by step, with the test playing the worker.
+
+use kvtier::{GroupOutcome, GroupResult, LookupTable, Phase, Verdict};
+
+type Table = LookupTable<u64, String>;
+
+fn req(id: &str) -> String {
+    id.to_owned()
+}
+
+/// The test as worker: takes the step's submission and returns each group's
+/// result (answering "even keys are stored"), without applying it yet.
+fn probe_even(table: &mut Table) -> Vec<GroupResult<u64>> {
+    let Some(submission) = table.take_submission() else {
+        return Vec::new();
+    };
+    submission
+        .into_groups()
+        .into_iter()
+        .map(|group| {
+            let answers: Vec<bool> = group.keys().iter().map(|key| key % 2 == 0).collect();
+            group.answered(answers)
+        })
+        .collect()
+}
+
+fn step(table: &mut Table) {
+    for result in probe_even(table) {
+        table.apply(result);
+    }
+}
+
+fn assert_clean(table: &Table) {
+    table.check_invariants().unwrap();
+    assert_eq!(table.stats().anomalies, 0);
+}
+
+#[test]
+fn new_keys_are_pending_then_resolve_independently() {
+    let mut table = Table::new();
+    let a = req("a");
+    for key in [1, 2, 3, 4] {
+        assert_eq!(table.lookup(&key, &a), Verdict::Pending);
+    }
+    step(&mut table);
+    assert!(table.lookup(&2, &a).is_hit());
+    assert!(table.lookup(&4, &a).is_hit());
+    assert!(table.lookup(&1, &a).is_miss());
+    assert!(table.lookup(&3, &a).is_miss());
+    let stats = table.stats();
+    assert_eq!((stats.hits, stats.misses, stats.pending), (2, 2, 4));
+    assert_clean(&table);
+}
+
+#[test]
+fn a_key_looked_up_twice_in_a_step_is_submitted_once() {
+    let mut table = Table::new();
+    table.lookup(&7, &req("a"));
+    table.lookup(&7, &req("a"));
+    table.lookup(&7, &req("b"));
+    let submission = table.take_submission().unwrap();
+    assert_eq!(submission.key_count(), 1);
+    assert_eq!(submission.groups()[0].request(), "a");
+    assert_eq!(table.key_state(&7).unwrap().requesters, 2);
+    // In flight and resolved keys are not submitted again either.
+    table.lookup(&7, &req("c"));
+    assert!(table.take_submission().is_none());
+}
+
+#[test]
+fn keys_are_grouped_by_request_in_first_appearance_order() {
+    let mut table = Table::new();
+    table.lookup(&1, &req("b"));
+    table.lookup(&2, &req("a"));
+    table.lookup(&3, &req("b"));
+    table.lookup(&1, &req("a")); // known: joins, not re-batched
+    let submission = table.take_submission().unwrap();
+    let groups: Vec<(&str, &[u64])> = submission
+        .groups()
+        .iter()
+        .map(|g| (g.request().as_str(), g.keys()))
+        .collect();
+    assert_eq!(groups, vec![("b", &[1, 3][..]), ("a", &[2][..])]);
+}
+
+#[test]
+fn a_flush_with_nothing_new_submits_nothing() {
+    let mut table = Table::new();
+    assert!(table.take_submission().is_none());
+    table.lookup(&1, &req("a"));
+    assert!(table.take_submission().is_some());
+    assert!(table.take_submission().is_none());
+    assert_eq!(table.stats().groups_submitted, 1);
+}
+
+#[test]
+fn cleanup_of_the_last_request_removes_the_key_and_shared_keys_survive() {
+    let mut table = Table::new();
+    table.lookup(&1, &req("a"));
+    table.lookup(&1, &req("b"));
+    table.lookup(&2, &req("a"));
+    step(&mut table);
+    table.cleanup(&req("a"));
+    assert!(table.key_state(&2).is_none());
+    assert_eq!(table.key_state(&1).unwrap().requesters, 1);
+    table.cleanup(&req("nobody")); // unknown: no-op
+    assert_eq!(table.len(), 1);
+    table.cleanup(&req("b"));
+    assert!(table.is_empty());
+    assert_clean(&table);
+}
+
+#[test]
+fn results_from_several_steps_all_become_visible() {
+    let mut table = Table::new();
+    table.lookup(&2, &req("a"));
+    let first = probe_even(&mut table);
+    table.lookup(&3, &req("a"));
+    let second = probe_even(&mut table);
+    for result in second.into_iter().chain(first) {
+        table.apply(result);
+    }
+    assert!(table.lookup(&2, &req("a")).is_hit());
+    assert!(table.lookup(&3, &req("a")).is_miss());
+    assert_clean(&table);
+}
+
+#[test]
+fn mark_miss_turns_a_hit_into_a_miss_without_reprobing() {
+    let mut table = Table::new();
+    let a = req("a");
+    table.lookup(&2, &a);
+    step(&mut table);
+    let Verdict::Hit(ticket) = table.lookup(&2, &a) else {
+        panic!("2 is stored")
+    };
+    assert!(table.mark_miss(&ticket));
+    assert!(!table.mark_miss(&ticket), "already a miss");
+    assert!(table.lookup(&2, &a).is_miss());
+    assert!(table.take_submission().is_none(), "no second probe");
+    // The key stays tied to its request until cleanup.
+    assert_eq!(table.key_state(&2).unwrap().requesters, 1);
+    assert_eq!(table.mark_miss_keys(&[99]), 0, "unknown key: no-op");
+    table.cleanup(&a);
+    assert!(table.is_empty());
+    assert_eq!(table.stats().marked_miss, 1);
+}
+
+#[test]
+fn mark_miss_keys_touches_resolved_hits_only() {
+    let mut table = Table::new();
+    let a = req("a");
+    table.lookup(&2, &a);
+    table.lookup(&4, &a);
+    step(&mut table);
+    table.lookup(&6, &a); // pending
+    table.lookup(&8, &a);
+    let in_flight = probe_even(&mut table); // 8: in flight
+    table.lookup(&6, &a);
+    assert_eq!(table.mark_miss_keys(&[2, 4, 8]), 2);
+    assert_eq!(table.key_state(&8).unwrap().phase, Phase::InFlight);
+    for result in in_flight {
+        table.apply(result);
+    }
+    assert!(table.lookup(&8, &a).is_hit());
+    assert_clean(&table);
+}
+
+#[test]
+fn cleanup_in_flight_keeps_the_probe_and_the_next_request_joins_it() {
+    let mut table = Table::new();
+    table.lookup(&2, &req("a"));
+    let a_results = probe_even(&mut table);
+    table.cleanup(&req("a"));
+    // In flight and unrequested: kept as an orphan so a later request can share it.
+    assert_eq!(table.key_state(&2).unwrap().requesters, 0);
+    assert_eq!(table.key_state(&2).unwrap().phase, Phase::InFlight);
+    assert_eq!(table.lookup(&2, &req("b")), Verdict::Pending);
+    assert!(table.take_submission().is_none(), "b shares a's probe");
+    for result in a_results {
+        table.apply(result);
+    }
+    assert!(table.lookup(&2, &req("b")).is_hit());
+    assert_eq!(table.stats().keys_submitted, 1);
+    assert_clean(&table);
+}
+
+#[test]
+fn an_orphaned_result_is_discarded_and_a_later_lookup_probes_afresh() {
+    let mut table = Table::new();
+    table.lookup(&2, &req("a"));
+    let a_results = probe_even(&mut table);
+    let old_generation = table.key_state(&2).unwrap().generation;
+    table.cleanup(&req("a"));
+    for result in a_results {
+        table.apply(result);
+    }
+    assert!(table.key_state(&2).is_none(), "nobody joined: the orphan is removed");
+    assert_eq!(table.stats().orphans_dropped, 1);
+    assert!(table.is_empty());
+
+    assert_eq!(table.lookup(&2, &req("b")), Verdict::Pending);
+    assert!(table.key_state(&2).unwrap().generation > old_generation);
+    assert_eq!(table.take_submission().unwrap().key_count(), 1, "probed afresh");
+}
+
+#[test]
+fn a_key_cleaned_up_and_recreated_before_the_flush_is_submitted_once_with_its_current_generation() {
+    let mut table = Table::new();
+    table.lookup(&2, &req("a"));
+    table.cleanup(&req("a")); // pending and unrequested: removed
+    assert!(table.take_submission().is_none(), "a removed key is not probed");
+
+    table.lookup(&2, &req("a"));
+    table.cleanup(&req("a"));
+    table.lookup(&2, &req("b")); // recreated in the same step: a newer generation
+    let current = table.key_state(&2).unwrap().generation;
+    let submission = table.take_submission().unwrap();
+    assert_eq!(submission.key_count(), 1, "the older entry is skipped");
+    let group = submission.into_groups().remove(0);
+    assert_eq!(group.request(), "b");
+    let result = group.answered([true]);
+    assert_eq!(result.entries().next().unwrap().1, current);
+    table.apply(result);
+    assert!(table.lookup(&2, &req("b")).is_hit());
+    assert_eq!(table.stats().stale_results, 0);
+    assert_clean(&table);
+}
+
+#[test]
+fn defect_1_stale_ticket_after_recreate_cannot_touch_the_newer_lookup() {
+    // The seed-001 reviewer's sequence, every variant of where gen 1 stands.
+    for gen1_phase in ["pending", "in flight", "resolved"] {
+        let mut table = Table::new();
+        table.lookup(&2, &req("a"));
+        step(&mut table);
+        let Verdict::Hit(old_ticket) = table.lookup(&2, &req("a")) else {
+            panic!("gen 0 resolves as a hit")
+        };
+        // The load starts and later fails; meanwhile a finishes and the key is reused.
+        table.cleanup(&req("a"));
+        table.lookup(&2, &req("b"));
+        let mut in_flight = Vec::new();
+        if gen1_phase != "pending" {
+            in_flight = probe_even(&mut table);
+        }
+        if gen1_phase == "resolved" {
+            for result in in_flight.drain(..) {
+                table.apply(result);
+            }
+        }
+        // The old load's failure arrives late, by ticket and by key.
+        assert!(!table.mark_miss(&old_ticket), "{gen1_phase}: stale ticket is a no-op");
+        if gen1_phase != "resolved" {
+            assert_eq!(table.mark_miss_keys(&[2]), 0, "{gen1_phase}: not resolved, untouched");
+        }
+        // gen 1 goes on normally: its own answer applies, no anomaly.
+        in_flight.extend(probe_even(&mut table));
+        for result in in_flight {
+            table.apply(result);
+        }
+        assert!(table.lookup(&2, &req("b")).is_hit(), "{gen1_phase}: gen 1's hit intact");
+        assert_eq!(table.stats().anomalies, 0, "{gen1_phase}");
+        assert_eq!(table.stats().marked_miss, 0, "{gen1_phase}");
+        table.cleanup(&req("b"));
+        assert!(table.is_empty());
+    }
+}
+
+#[test]
+fn defect_5_short_and_surplus_answers_leave_no_key_in_flight() {
+    let mut table = Table::new();
+    for key in [2, 4, 6] {
+        table.lookup(&key, &req("a"));
+    }
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    let result = group.answered([true]);
+    assert_eq!(result.outcome(), GroupOutcome::Short { answered: 1 });
+    table.apply(result);
+    assert!(table.lookup(&2, &req("a")).is_hit());
+    assert!(table.lookup(&4, &req("a")).is_miss());
+    assert!(table.lookup(&6, &req("a")).is_miss());
+
+    table.lookup(&8, &req("a"));
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    // An endless answer iterator is cut after one surplus answer.
+    let result = group.answered(std::iter::repeat(true));
+    assert_eq!(result.outcome(), GroupOutcome::Surplus);
+    table.apply(result);
+    assert!(table.lookup(&8, &req("a")).is_hit());
+
+    table.lookup(&10, &req("a"));
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    table.apply(group.failed());
+    assert!(table.lookup(&10, &req("a")).is_miss());
+
+    let stats = table.stats();
+    assert_eq!(
+        (stats.short_results, stats.surplus_results, stats.backend_errors),
+        (1, 1, 1)
+    );
+    table.cleanup(&req("a"));
+    assert!(table.is_empty());
+}
+
+#[test]
+fn the_table_is_empty_once_everything_is_cleaned_up_and_applied() {
+    // A deterministic mixed workload: overlapping requests, answers applied
+    // out of order and late, cleanups in flight, key reuse.
+    let mut table = Table::new();
+    let mut held = Vec::new();
+    for step_no in 0..40u64 {
+        for r in 0..4u64 {
+            let request = format!("r{}", (step_no + r) % 7);
+            for k in 0..6u64 {
+                table.lookup(&((step_no * 3 + r * 5 + k) % 23), &request);
+            }
+        }
+        held.extend(probe_even(&mut table));
+        if step_no % 3 == 0 {
+            // Apply the older half now, keep the rest in flight.
+            let keep = held.split_off(held.len() / 2);
+            for result in std::mem::replace(&mut held, keep) {
+                table.apply(result);
+            }
+        }
+        table.cleanup(&format!("r{}", step_no % 7));
+        table.check_invariants().unwrap();
+    }
+    for r in 0..7 {
+        table.cleanup(&format!("r{r}"));
+    }
+    assert!(!table.is_empty(), "in-flight orphans wait for their answers");
+    for result in held {
+        table.apply(result);
+    }
+    assert!(table.is_empty());
+    let stats = table.stats();
+    assert_eq!(stats.anomalies, 0);
+    assert!(stats.orphans_dropped > 0);
+}
