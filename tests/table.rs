@@ -340,3 +340,21 @@ fn the_table_is_empty_once_everything_is_cleaned_up_and_applied() {
     assert_eq!(stats.anomalies, 0);
     assert!(stats.orphans_dropped > 0);
 }
+
+#[test]
+fn a_request_cleaned_up_and_seen_again_within_a_step_still_gets_one_group() {
+    // Found by the differential test against the specification.
+    let mut table = Table::new();
+    table.lookup(&1, &req("a"));
+    table.lookup(&2, &req("b"));
+    table.cleanup(&req("a"));
+    table.lookup(&3, &req("a"));
+    let submission = table.take_submission().unwrap();
+    let groups: Vec<(&str, &[u64])> = submission
+        .groups()
+        .iter()
+        .map(|g| (g.request().as_str(), g.keys()))
+        .collect();
+    // a's group keeps its place (a asked first), holding only the live key.
+    assert_eq!(groups, vec![("a", &[3][..]), ("b", &[2][..])]);
+}

@@ -20,9 +20,6 @@ struct Entry<I> {
 struct RequestEntry<K> {
     /// Reverse index: the keys whose `requesters` contain this request, each once.
     keys: Vec<K>,
-    /// `(step, index)` of the request's group in the batch being built,
-    /// valid only while `step` is the current step.
-    group: Option<(u64, usize)>,
 }
 
 /// The scheduler-owned state of the async lookup protocol.
@@ -67,8 +64,10 @@ pub struct LookupTable<K, R: Request> {
     requests: HashMap<R::Id, RequestEntry<K>>,
     /// This step's new keys, grouped by request in first-appearance order.
     batch: Vec<Group<K, R>>,
-    /// Counts `take_submission` calls; tags `RequestEntry::group`.
-    step: u64,
+    /// Index in `batch` of each request's group. Kept apart from
+    /// `requests` so a request cleaned up and seen again within one step
+    /// still gets one group.
+    batch_groups: HashMap<R::Id, usize>,
     next_generation: u64,
     stats: Stats,
 }
@@ -79,7 +78,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             states: HashMap::new(),
             requests: HashMap::new(),
             batch: Vec::new(),
-            step: 0,
+            batch_groups: HashMap::new(),
             next_generation: 0,
             stats: Stats::default(),
         }
@@ -126,17 +125,14 @@ where
                         requesters: vec![id.clone()],
                     },
                 );
-                let entry = Self::request_entry(&mut self.requests, request);
-                entry.keys.push(key.clone());
-                let index = match entry.group {
-                    Some((step, index)) if step == self.step => index,
-                    _ => {
-                        self.batch.push(Group::new(request.clone()));
-                        let index = self.batch.len() - 1;
-                        entry.group = Some((self.step, index));
-                        index
-                    }
-                };
+                Self::request_entry(&mut self.requests, request)
+                    .keys
+                    .push(key.clone());
+                let batch = &mut self.batch;
+                let index = *self.batch_groups.entry(id.clone()).or_insert_with(|| {
+                    batch.push(Group::new(request.clone()));
+                    batch.len() - 1
+                });
                 let group = &mut self.batch[index];
                 group.keys.push(key.clone());
                 group.generations.push(generation);
@@ -168,10 +164,7 @@ where
     ) -> &'a mut RequestEntry<K> {
         requests
             .entry(request.id().clone())
-            .or_insert_with(|| RequestEntry {
-                keys: Vec::new(),
-                group: None,
-            })
+            .or_insert_with(|| RequestEntry { keys: Vec::new() })
     }
 
     /// Ends the step: takes the keys looked up for the first time since the
@@ -181,7 +174,7 @@ where
     /// since their lookup are left out; `None` when nothing is left, so an
     /// empty submission never reaches the worker.
     pub fn take_submission(&mut self) -> Option<Submission<K, R>> {
-        self.step += 1;
+        self.batch_groups.clear();
         let mut groups = mem::take(&mut self.batch);
         groups.retain_mut(|group| {
             let mut kept = 0;

@@ -1,0 +1,76 @@
+//! Comparing the real table with the specification.
+
+use kvtier::{LookupTable, Phase as RealPhase, Verdict};
+
+use crate::reference::{Expected, Key, Phase, Reference, Req};
+
+/// The table under test: `u64` keys and requests, like the model.
+pub type Table = LookupTable<Key, Req>;
+
+/// Checks that a real verdict is the one the specification expects.
+pub fn check_verdict(real: &Verdict<Key>, expected: Expected) -> Result<(), String> {
+    let agrees = match (real, expected) {
+        (Verdict::Hit(ticket), Expected::Hit(generation)) => ticket.generation().get() == generation,
+        (Verdict::Miss, Expected::Miss) | (Verdict::Pending, Expected::Pending) => true,
+        _ => false,
+    };
+    if agrees {
+        Ok(())
+    } else {
+        Err(format!("verdict {real:?}, specification expects {expected:?}"))
+    }
+}
+
+/// Checks that the table tracks exactly the specification's keys, each in
+/// the same generation and phase with the same number of requesters, the same
+/// live requests, the counters the specification determines, no anomaly, and
+/// intact internal invariants.
+pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
+    table.check_invariants()?;
+    if table.len() != spec.keys.len() {
+        return Err(format!(
+            "table tracks {} keys, specification {}",
+            table.len(),
+            spec.keys.len()
+        ));
+    }
+    for (key, model) in &spec.keys {
+        let Some(real) = table.key_state(key) else {
+            return Err(format!("key {key} missing from the table"));
+        };
+        let phase = match real.phase {
+            RealPhase::Pending => Phase::Pending,
+            RealPhase::InFlight => Phase::InFlight,
+            RealPhase::Resolved { found } => Phase::Resolved(found),
+        };
+        if real.generation.get() != model.generation
+            || phase != model.phase
+            || real.requesters != model.requesters.len()
+        {
+            return Err(format!("key {key}: table {real:?}, specification {model:?}"));
+        }
+    }
+    if table.request_count() != spec.requests().len() {
+        return Err(format!(
+            "table holds {} requests, specification {}",
+            table.request_count(),
+            spec.requests().len()
+        ));
+    }
+    let stats = table.stats();
+    let counts = (stats.stale_results, stats.orphans_dropped, stats.marked_miss);
+    let expected = (
+        spec.counts.stale_results,
+        spec.counts.orphans_dropped,
+        spec.counts.marked_miss,
+    );
+    if counts != expected {
+        return Err(format!(
+            "(stale, orphans, marked miss): table {counts:?}, specification {expected:?}"
+        ));
+    }
+    if stats.anomalies != 0 {
+        return Err(format!("{} anomalies", stats.anomalies));
+    }
+    Ok(())
+}
