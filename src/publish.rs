@@ -16,9 +16,18 @@
 use std::ptr;
 
 use crate::sync::atomic::{AtomicPtr, Ordering};
+use crate::sync::cell::UnsafeCell;
 
+/// A node's contents sit in the shim's `UnsafeCell`, so under loom every
+/// write (by the producer, before publishing) and every read (by the
+/// consumer, after taking) is checked for a happens-before edge: a push whose
+/// CAS were `Relaxed` would be reported as a causality violation.
 struct Node<T> {
-    value: T,
+    slot: UnsafeCell<Slot<T>>,
+}
+
+struct Slot<T> {
+    value: Option<T>,
     next: *mut Node<T>,
 }
 
@@ -46,14 +55,16 @@ impl<T> PublishStack<T> {
     /// that follows this push.
     pub(crate) fn push(&self, value: T) {
         let node = Box::into_raw(Box::new(Node {
-            value,
-            next: ptr::null_mut(),
+            slot: UnsafeCell::new(Slot {
+                value: Some(value),
+                next: ptr::null_mut(),
+            }),
         }));
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // SAFETY: `node` came from `Box::into_raw` above and is not yet
             // shared: only this thread can reach it until the CAS succeeds.
-            unsafe { (*node).next = head };
+            unsafe { (*node).slot.with_mut(|slot| (*slot).next = head) };
             // Release: the node's contents (and everything the worker did to
             // produce them) happen-before the consumer's Acquire swap.
             match self
@@ -81,8 +92,13 @@ impl<T> PublishStack<T> {
             // created by `Box::into_raw` in `push` and is now owned solely by
             // this thread, and each is reclaimed exactly once here.
             let boxed = unsafe { Box::from_raw(node) };
-            node = boxed.next;
-            taken.push(boxed.value);
+            // SAFETY: this thread owns the node (above); nobody else can
+            // reach its slot.
+            let (value, next) = boxed
+                .slot
+                .with_mut(|slot| unsafe { ((*slot).value.take(), (*slot).next) });
+            node = next;
+            taken.extend(value);
         }
         // The stack yields newest first; publication order is the reverse.
         taken.reverse();
@@ -143,7 +159,11 @@ mod tests {
         seen.extend(stack.take_all());
         assert_eq!(seen.len(), 4000);
         for p in 0..4 {
-            let order: Vec<u32> = seen.iter().filter(|(q, _)| *q == p).map(|(_, i)| *i).collect();
+            let order: Vec<u32> = seen
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, i)| *i)
+                .collect();
             assert_eq!(order, (0..1000).collect::<Vec<_>>());
         }
     }

@@ -21,7 +21,9 @@
 //! [shuttle]: https://docs.rs/shuttle
 
 #[cfg(all(kvtier_loom, kvtier_shuttle))]
-compile_error!("`--cfg kvtier_loom` and `--cfg kvtier_shuttle` are mutually exclusive: pick one model checker per build");
+compile_error!(
+    "`--cfg kvtier_loom` and `--cfg kvtier_shuttle` are mutually exclusive: pick one model checker per build"
+);
 
 #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 mod imp {
@@ -95,7 +97,9 @@ macro_rules! checked_primitives {
                 // Poisoning only records that another thread panicked while
                 // holding the lock; kvtier's critical sections leave the data
                 // consistent, so the guard is used as is.
-                self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+                self.0
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
             }
         }
 
@@ -137,6 +141,31 @@ mod imp {
 #[cfg(all(kvtier_shuttle, not(kvtier_loom)))]
 mod imp {
     checked_primitives!(shuttle);
+}
+
+/// `std`'s `UnsafeCell` behind loom's closure API (`with` / `with_mut`), so
+/// the code that touches a cell is the same under every back-end and loom can
+/// check each access for causality. shuttle does not model memory, so it uses
+/// this stand-in too.
+#[cfg(not(kvtier_loom))]
+pub(crate) mod cell {
+    #[derive(Debug, Default)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+}
+
+#[cfg(kvtier_loom)]
+pub(crate) mod cell {
+    pub(crate) use loom::cell::UnsafeCell;
 }
 
 pub(crate) use imp::*;

@@ -5,12 +5,12 @@ mod common;
 
 use std::sync::mpsc::channel;
 
-use common::{Call, GatedBackend, req};
+use common::{Call, Harness, req};
 use kvtier::{AsyncLookup, LookupBackend, LookupError, Verdict};
 
 #[test]
 fn keys_resolve_as_the_backend_answers() {
-    let harness = GatedBackend::new([2, 4]);
+    let harness = Harness::new([2, 4]);
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     let a = req("a");
     for key in [1, 2, 3, 4] {
@@ -34,7 +34,7 @@ fn keys_resolve_as_the_backend_answers() {
 
 #[test]
 fn one_backend_call_per_request_group_in_first_appearance_order() {
-    let harness = GatedBackend::new([]);
+    let harness = Harness::new([]);
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&1, &req("b")).unwrap();
     lookup.lookup(&2, &req("a")).unwrap();
@@ -54,7 +54,7 @@ fn one_backend_call_per_request_group_in_first_appearance_order() {
 
 #[test]
 fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
-    let mut harness = GatedBackend::new([1, 2]);
+    let mut harness = Harness::new([1, 2]);
     let release_slow = harness.gate("slow");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&1, &req("fast")).unwrap();
@@ -75,7 +75,7 @@ fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
     // The reference only looked at published answers on the first lookup
     // after a flush. Here the answer lands after that first lookup, and the
     // very next lookup in the same step, with no flush in between, sees it.
-    let mut harness = GatedBackend::new([7]);
+    let mut harness = Harness::new([7]);
     let release = harness.gate("a");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&7, &req("a")).unwrap();
@@ -83,16 +83,22 @@ fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
     lookup.lookup(&8, &req("b")).unwrap();
     lookup.flush().unwrap(); // the step's last flush
     assert_eq!(harness.started.recv().unwrap().request, "a");
-    assert!(lookup.lookup(&7, &req("a")).unwrap().is_pending(), "first lookup after the flush");
+    assert!(
+        lookup.lookup(&7, &req("a")).unwrap().is_pending(),
+        "first lookup after the flush"
+    );
     release.send(()).unwrap();
     // b's call starts only after a's answer was published.
     assert_eq!(harness.started.recv().unwrap().request, "b");
-    assert!(lookup.lookup(&7, &req("a")).unwrap().is_hit(), "second lookup, same step");
+    assert!(
+        lookup.lookup(&7, &req("a")).unwrap().is_hit(),
+        "second lookup, same step"
+    );
 }
 
 #[test]
 fn answers_from_several_steps_all_become_visible() {
-    let mut harness = GatedBackend::new([1, 2, 3]);
+    let mut harness = Harness::new([1, 2, 3]);
     let release = harness.gate("s1");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     for (step, key) in [("s1", 1), ("s2", 2), ("s3", 3)] {
@@ -108,7 +114,7 @@ fn answers_from_several_steps_all_become_visible() {
 
 #[test]
 fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
-    let mut harness = GatedBackend::new([5]);
+    let mut harness = Harness::new([5]);
     let release = harness.gate("a");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&5, &req("a")).unwrap();
@@ -125,7 +131,7 @@ fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
 
 #[test]
 fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
-    let mut harness = GatedBackend::new([5]);
+    let mut harness = Harness::new([5]);
     let release = harness.gate("a");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&5, &req("a")).unwrap();
@@ -142,7 +148,7 @@ fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
 
 #[test]
 fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
-    let mut harness = GatedBackend::new([9]);
+    let mut harness = Harness::new([9]);
     let release = harness.gate("b");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&9, &req("a")).unwrap();
@@ -162,7 +168,10 @@ fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
     assert_eq!(lookup.mark_miss_keys([&9]).unwrap(), 0);
     release.send(()).unwrap();
     lookup.wait_idle().unwrap();
-    assert!(lookup.lookup(&9, &req("b")).unwrap().is_hit(), "gen 1's own answer");
+    assert!(
+        lookup.lookup(&9, &req("b")).unwrap().is_hit(),
+        "gen 1's own answer"
+    );
     // And once gen 1 resolved, a stale ticket still cannot flip it.
     assert!(!lookup.mark_miss(&ticket).unwrap());
     assert!(lookup.lookup(&9, &req("b")).unwrap().is_hit());
@@ -171,7 +180,7 @@ fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
 
 #[test]
 fn mark_miss_stops_the_failed_load_livelock_without_reprobing() {
-    let harness = GatedBackend::new([3]);
+    let harness = Harness::new([3]);
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&3, &req("a")).unwrap();
     lookup.flush().unwrap();
@@ -198,9 +207,13 @@ impl LookupBackend<u64, String> for Faulty {
             "error" => Err("object store unreachable".to_owned()),
             "panic-in-call" => panic!("backend bug in the call"),
             // Lazy: the first answer is produced, then consuming panics.
-            "panic-while-consumed" => Ok(Box::new(
-                (0..n).map(|i| if i == 0 { true } else { panic!("backend bug mid-iteration") }),
-            )),
+            "panic-while-consumed" => Ok(Box::new((0..n).map(|i| {
+                if i == 0 {
+                    true
+                } else {
+                    panic!("backend bug mid-iteration")
+                }
+            }))),
             "short" => Ok(Box::new(std::iter::repeat_n(true, n - 1))),
             "surplus" => Ok(Box::new(std::iter::repeat(true))),
             _ => Ok(Box::new(std::iter::repeat_n(true, n))),
@@ -230,7 +243,9 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
     let hits = |lookup: &mut AsyncLookup<u64, String, Faulty>, i: u64| -> Vec<bool> {
         (0..3)
             .map(|k| {
-                let verdict = lookup.lookup(&(i * 10 + k), &req(cases[i as usize])).unwrap();
+                let verdict = lookup
+                    .lookup(&(i * 10 + k), &req(cases[i as usize]))
+                    .unwrap();
                 assert!(!verdict.is_pending(), "no key stays in flight");
                 verdict.is_hit()
             })
@@ -238,7 +253,11 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
     };
     assert_eq!(hits(&mut lookup, 0), [false, false, false], "error");
     assert_eq!(hits(&mut lookup, 1), [false, false, false], "panic in call");
-    assert_eq!(hits(&mut lookup, 2), [true, false, false], "panic while consumed");
+    assert_eq!(
+        hits(&mut lookup, 2),
+        [true, false, false],
+        "panic while consumed"
+    );
     assert_eq!(hits(&mut lookup, 3), [true, true, false], "short");
     assert_eq!(hits(&mut lookup, 4), [true, true, true], "surplus");
     assert_eq!(hits(&mut lookup, 5), [true, true, true], "healthy");
@@ -263,7 +282,7 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
 
 #[test]
 fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
-    let mut harness = GatedBackend::new([1, 2]);
+    let mut harness = Harness::new([1, 2]);
     let release = harness.gate("s1");
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&1, &req("s1")).unwrap();
@@ -273,14 +292,27 @@ fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
     harness.started.recv().unwrap(); // s1 in flight, s2 queued
     release.send(()).unwrap();
     lookup.shutdown().unwrap();
-    assert_eq!(lookup.stats().groups_applied, 2, "queued work done and applied");
+    assert_eq!(
+        lookup.stats().groups_applied,
+        2,
+        "queued work done and applied"
+    );
     assert_eq!(harness.started.try_iter().count(), 1, "s2 was probed too");
-    assert!(matches!(lookup.lookup(&1, &req("s1")), Err(LookupError::ShutDown)));
+    assert!(matches!(
+        lookup.lookup(&1, &req("s1")),
+        Err(LookupError::ShutDown)
+    ));
     assert!(matches!(lookup.flush(), Err(LookupError::ShutDown)));
     assert!(matches!(lookup.drain(), Err(LookupError::ShutDown)));
     assert!(matches!(lookup.wait_idle(), Err(LookupError::ShutDown)));
-    assert!(matches!(lookup.cleanup(&req("s1")), Err(LookupError::ShutDown)));
-    assert!(matches!(lookup.mark_miss_keys([&1]), Err(LookupError::ShutDown)));
+    assert!(matches!(
+        lookup.cleanup(&req("s1")),
+        Err(LookupError::ShutDown)
+    ));
+    assert!(matches!(
+        lookup.mark_miss_keys([&1]),
+        Err(LookupError::ShutDown)
+    ));
     assert!(matches!(lookup.shutdown(), Err(LookupError::ShutDown)));
     // The table is still readable.
     assert_eq!(lookup.table().len(), 2);
@@ -300,12 +332,15 @@ fn dropping_the_driver_lets_the_worker_finish_and_joins_it() {
     }
     drop(lookup);
     // Joined: the backend (and its sender) is gone, after all three calls.
-    assert_eq!(done_rx.iter().collect::<Vec<_>>(), vec![vec![0], vec![1], vec![2]]);
+    assert_eq!(
+        done_rx.iter().collect::<Vec<_>>(),
+        vec![vec![0], vec![1], vec![2]]
+    );
 }
 
 #[test]
 fn drain_applies_published_answers_without_a_lookup() {
-    let harness = GatedBackend::new([4]);
+    let harness = Harness::new([4]);
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&4, &req("a")).unwrap();
     lookup.flush().unwrap();

@@ -196,13 +196,20 @@ fn an_orphaned_result_is_discarded_and_a_later_lookup_probes_afresh() {
     for result in a_results {
         table.apply(result);
     }
-    assert!(table.key_state(&2).is_none(), "nobody joined: the orphan is removed");
+    assert!(
+        table.key_state(&2).is_none(),
+        "nobody joined: the orphan is removed"
+    );
     assert_eq!(table.stats().orphans_dropped, 1);
     assert!(table.is_empty());
 
     assert_eq!(table.lookup(&2, &req("b")), Verdict::Pending);
     assert!(table.key_state(&2).unwrap().generation > old_generation);
-    assert_eq!(table.take_submission().unwrap().key_count(), 1, "probed afresh");
+    assert_eq!(
+        table.take_submission().unwrap().key_count(),
+        1,
+        "probed afresh"
+    );
 }
 
 #[test]
@@ -210,7 +217,10 @@ fn a_key_cleaned_up_and_recreated_before_the_flush_is_submitted_once_with_its_cu
     let mut table = Table::new();
     table.lookup(&2, &req("a"));
     table.cleanup(&req("a")); // pending and unrequested: removed
-    assert!(table.take_submission().is_none(), "a removed key is not probed");
+    assert!(
+        table.take_submission().is_none(),
+        "a removed key is not probed"
+    );
 
     table.lookup(&2, &req("a"));
     table.cleanup(&req("a"));
@@ -251,16 +261,26 @@ fn defect_1_stale_ticket_after_recreate_cannot_touch_the_newer_lookup() {
             }
         }
         // The old load's failure arrives late, by ticket and by key.
-        assert!(!table.mark_miss(&old_ticket), "{gen1_phase}: stale ticket is a no-op");
+        assert!(
+            !table.mark_miss(&old_ticket),
+            "{gen1_phase}: stale ticket is a no-op"
+        );
         if gen1_phase != "resolved" {
-            assert_eq!(table.mark_miss_keys(&[2]), 0, "{gen1_phase}: not resolved, untouched");
+            assert_eq!(
+                table.mark_miss_keys(&[2]),
+                0,
+                "{gen1_phase}: not resolved, untouched"
+            );
         }
         // gen 1 goes on normally: its own answer applies, no anomaly.
         in_flight.extend(probe_even(&mut table));
         for result in in_flight {
             table.apply(result);
         }
-        assert!(table.lookup(&2, &req("b")).is_hit(), "{gen1_phase}: gen 1's hit intact");
+        assert!(
+            table.lookup(&2, &req("b")).is_hit(),
+            "{gen1_phase}: gen 1's hit intact"
+        );
         assert_eq!(table.stats().anomalies, 0, "{gen1_phase}");
         assert_eq!(table.stats().marked_miss, 0, "{gen1_phase}");
         table.cleanup(&req("b"));
@@ -297,7 +317,11 @@ fn defect_5_short_and_surplus_answers_leave_no_key_in_flight() {
 
     let stats = table.stats();
     assert_eq!(
-        (stats.short_results, stats.surplus_results, stats.backend_errors),
+        (
+            stats.short_results,
+            stats.surplus_results,
+            stats.backend_errors
+        ),
         (1, 1, 1)
     );
     table.cleanup(&req("a"));
@@ -331,7 +355,10 @@ fn the_table_is_empty_once_everything_is_cleaned_up_and_applied() {
     for r in 0..7 {
         table.cleanup(&format!("r{r}"));
     }
-    assert!(!table.is_empty(), "in-flight orphans wait for their answers");
+    assert!(
+        !table.is_empty(),
+        "in-flight orphans wait for their answers"
+    );
     for result in held {
         table.apply(result);
     }

@@ -10,14 +10,18 @@ pub type Table = LookupTable<Key, Req>;
 /// Checks that a real verdict is the one the specification expects.
 pub fn check_verdict(real: &Verdict<Key>, expected: Expected) -> Result<(), String> {
     let agrees = match (real, expected) {
-        (Verdict::Hit(ticket), Expected::Hit(generation)) => ticket.generation().get() == generation,
+        (Verdict::Hit(ticket), Expected::Hit(generation)) => {
+            ticket.generation().get() == generation
+        }
         (Verdict::Miss, Expected::Miss) | (Verdict::Pending, Expected::Pending) => true,
         _ => false,
     };
     if agrees {
         Ok(())
     } else {
-        Err(format!("verdict {real:?}, specification expects {expected:?}"))
+        Err(format!(
+            "verdict {real:?}, specification expects {expected:?}"
+        ))
     }
 }
 
@@ -47,7 +51,9 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
             || phase != model.phase
             || real.requesters != model.requesters.len()
         {
-            return Err(format!("key {key}: table {real:?}, specification {model:?}"));
+            return Err(format!(
+                "key {key}: table {real:?}, specification {model:?}"
+            ));
         }
     }
     if table.request_count() != spec.requests().len() {
@@ -58,7 +64,11 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         ));
     }
     let stats = table.stats();
-    let counts = (stats.stale_results, stats.orphans_dropped, stats.marked_miss);
+    let counts = (
+        stats.stale_results,
+        stats.orphans_dropped,
+        stats.marked_miss,
+    );
     let expected = (
         spec.counts.stale_results,
         spec.counts.orphans_dropped,

@@ -139,7 +139,11 @@ impl Reference {
             self.counts.stale_results += 1;
             return;
         }
-        assert_eq!(state.phase, Phase::InFlight, "spec: one answer per submitted generation");
+        assert_eq!(
+            state.phase,
+            Phase::InFlight,
+            "spec: one answer per submitted generation"
+        );
         if state.requesters.is_empty() {
             self.keys.remove(&key);
             self.counts.orphans_dropped += 1;
@@ -151,7 +155,9 @@ impl Reference {
     /// A failed load of the hit of `generation`.
     pub fn mark_miss(&mut self, key: Key, generation: u64) -> bool {
         match self.keys.get_mut(&key) {
-            Some(state) if state.generation == generation && state.phase == Phase::Resolved(true) => {
+            Some(state)
+                if state.generation == generation && state.phase == Phase::Resolved(true) =>
+            {
                 state.phase = Phase::Resolved(false);
                 self.counts.marked_miss += 1;
                 true
@@ -186,6 +192,9 @@ impl Reference {
 
     /// Live requests: those holding at least one key.
     pub fn requests(&self) -> BTreeSet<Req> {
-        self.keys.values().flat_map(|s| s.requesters.iter().copied()).collect()
+        self.keys
+            .values()
+            .flat_map(|s| s.requesters.iter().copied())
+            .collect()
     }
 }

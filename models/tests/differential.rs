@@ -60,7 +60,10 @@ impl Run {
             .take_submission()
             .map(|s| s.into_groups())
             .unwrap_or_default();
-        let seen: Vec<(Req, Vec<Key>)> = real.iter().map(|g| (*g.request(), g.keys().to_vec())).collect();
+        let seen: Vec<(Req, Vec<Key>)> = real
+            .iter()
+            .map(|g| (*g.request(), g.keys().to_vec()))
+            .collect();
         let wanted: Vec<(Req, Vec<Key>)> = expected
             .iter()
             .map(|(r, entries)| (*r, entries.iter().map(|(k, _)| *k).collect()))
@@ -102,7 +105,11 @@ impl Run {
                 let index = rng.below(self.in_flight.len() as u64) as usize;
                 let len = self.in_flight[index].len();
                 // Mostly complete answers, sometimes short ones.
-                let answered = if rng.below(5) == 0 { rng.below(len as u64 + 1) as usize } else { len };
+                let answered = if rng.below(5) == 0 {
+                    rng.below(len as u64 + 1) as usize
+                } else {
+                    len
+                };
                 let answers: Vec<bool> = (0..answered).map(|_| rng.below(2) == 0).collect();
                 self.answer(index, answers.clone());
                 format!("answer(group {index}, {answers:?})")
@@ -110,9 +117,13 @@ impl Run {
             75..=82 if !self.tickets.is_empty() => {
                 let ticket = self.tickets[rng.below(self.tickets.len() as u64) as usize].clone();
                 let real = self.table.mark_miss(&ticket);
-                let spec = self.spec.mark_miss(*ticket.key(), ticket.generation().get());
+                let spec = self
+                    .spec
+                    .mark_miss(*ticket.key(), ticket.generation().get());
                 if real != spec {
-                    return Err(format!("mark_miss({ticket:?}): table {real}, specification {spec}"));
+                    return Err(format!(
+                        "mark_miss({ticket:?}): table {real}, specification {spec}"
+                    ));
                 }
                 format!("mark_miss({ticket:?})")
             }
@@ -121,7 +132,9 @@ impl Run {
                 let real = self.table.mark_miss_keys(&batch);
                 let spec = self.spec.mark_miss_keys(&batch);
                 if real != spec {
-                    return Err(format!("mark_miss_keys({batch:?}): table {real}, specification {spec}"));
+                    return Err(format!(
+                        "mark_miss_keys({batch:?}): table {real}, specification {spec}"
+                    ));
                 }
                 format!("mark_miss_keys({batch:?})")
             }

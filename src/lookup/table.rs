@@ -375,7 +375,10 @@ where
             }
             for id in &state.requesters {
                 if !self.requests.contains_key(id) {
-                    return Err(format!("state {:?} lists unknown request {id:?}", state.generation));
+                    return Err(format!(
+                        "state {:?} lists unknown request {id:?}",
+                        state.generation
+                    ));
                 }
             }
             links += state.requesters.len();

@@ -27,7 +27,8 @@ pub struct Harness {
     pub started: Receiver<Call>,
 }
 
-impl GatedBackend {
+impl Harness {
+    /// A backend holding `present`, and the receiving end of its call reports.
     pub fn new(present: impl IntoIterator<Item = u64>) -> Harness {
         let (started, started_rx) = channel();
         Harness {
@@ -39,9 +40,7 @@ impl GatedBackend {
             started: started_rx,
         }
     }
-}
 
-impl Harness {
     /// Makes `request`'s next call wait until the returned sender sends `()`.
     pub fn gate(&mut self, request: &str) -> Sender<()> {
         let (open, wait) = channel();
