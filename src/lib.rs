@@ -40,3 +40,8 @@ pub use lookup::{
     AsyncLookup, Generation, Group, GroupOutcome, GroupResult, KeyState, LookupBackend,
     LookupError, LookupTable, Phase, Request, Stats, Submission, Ticket, Verdict,
 };
+
+/// Compiles and runs the README's example as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

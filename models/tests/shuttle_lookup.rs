@@ -14,7 +14,7 @@ fn iterations() -> usize {
     std::env::var("KVTIER_SHUTTLE_ITERATIONS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(2_000)
+        .unwrap_or(20_000)
 }
 
 /// "Keys divisible by three are stored."

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Duration;
 
 use kvtier::LookupBackend;
 
@@ -59,7 +60,9 @@ impl LookupBackend<u64, String> for GatedBackend {
             keys: keys.to_vec(),
         });
         if let Some(gate) = self.gates.remove(request) {
-            let _ = gate.recv();
+            // The timeout is not synchronisation: it only keeps a failing
+            // test (which never opens the gate) from hanging in the join.
+            let _ = gate.recv_timeout(Duration::from_secs(20));
         }
         Ok(keys.iter().map(|key| self.present.contains(key)).collect())
     }

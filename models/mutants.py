@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Remove or invert each guarding line of the lookup core, on a scratch copy,
+and show which check then fails.
+
+    python3 models/mutants.py            # every mutation
+    python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
+
+Each mutation names the invariant (docs/design.md) whose guard it breaks, the
+exact text it replaces, and the check expected to catch it. A mutation whose
+check still passes is reported as SURVIVED and makes the script exit non-zero:
+that check cannot see the guard, so either the check or the guard is wrong.
+The working tree is never modified; the scratch copy lives in
+$KVTIER_MUTANTS_DIR (default: target/mutants/).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRATCH = os.environ.get("KVTIER_MUTANTS_DIR", os.path.join(ROOT, "target", "mutants"))
+
+TEST = ["cargo", "test", "--quiet"]
+LOOM = {"RUSTFLAGS": "--cfg kvtier_loom"}
+SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
+
+
+@dataclass
+class Mutation:
+    id: str
+    what: str
+    file: str
+    edits: list  # (old, new) pairs, each `old` must occur exactly once
+    check: list  # command run in the scratch copy; expected to fail
+    env: dict = None
+
+
+MUTATIONS = [
+    Mutation(
+        "L1-batch-generation",
+        "flush submits batch entries whose state was cleaned up and recreated",
+        "src/lookup/table.rs",
+        [("if state.generation != generation {\n                    continue; // cleaned up and looked up again",
+          "if false {\n                    continue; // cleaned up and looked up again")],
+        TEST + ["--test", "table", "a_key_cleaned_up_and_recreated"],
+    ),
+    Mutation(
+        "L1-known-key",
+        "a known key is batched again when another request asks for it",
+        "src/lookup/table.rs",
+        [("let phase = match self.states.get_mut(key) {",
+          "let phase = match self.states.get_mut(key).filter(|s| s.requesters.contains(id)) {")],
+        TEST + ["--test", "table", "a_key_looked_up_twice"],
+    ),
+    Mutation(
+        "L2-apply-generation",
+        "apply ignores the generation an answer was submitted for",
+        "src/lookup/table.rs",
+        [("if state.generation != generation {\n                // L3",
+          "if false {\n                // L3")],
+        TEST + ["--lib", "a_result_for_another_generation"],
+    ),
+    Mutation(
+        "L3-inflight-retention",
+        "cleanup removes in-flight states instead of keeping them as orphans",
+        "src/lookup/table.rs",
+        [("if state.requesters.is_empty() && state.phase != Phase::InFlight {\n                self.states.remove(&key);",
+          "if state.requesters.is_empty() {\n                self.states.remove(&key);")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "a_request_joining"],
+        LOOM,
+    ),
+    Mutation(
+        "L3-orphan-removal",
+        "an orphan's answer resolves it instead of removing it",
+        "src/lookup/table.rs",
+        [("if state.requesters.is_empty() {\n                self.states.remove(&key);\n                self.stats.orphans_dropped",
+          "if false {\n                self.states.remove(&key);\n                self.stats.orphans_dropped")],
+        TEST + ["--test", "table", "an_orphaned_result"],
+    ),
+    Mutation(
+        "L4-ticket-generation",
+        "mark_miss ignores the ticket's generation",
+        "src/lookup/table.rs",
+        [("if state.generation == ticket.generation\n                    && state.phase",
+          "if state.phase")],
+        TEST + ["--test", "table", "defect_1"],
+    ),
+    Mutation(
+        "L4-keys-resolved-only",
+        "mark_miss_keys also forces pending and in-flight states to a miss",
+        "src/lookup/table.rs",
+        [("if let Some(state) = self.states.get_mut(key)\n                && state.phase == (Phase::Resolved { found: true })\n            {",
+          "if let Some(state) = self.states.get_mut(key)\n                && state.phase != (Phase::Resolved { found: false })\n            {")],
+        TEST + ["--test", "driver", "defect_1"],
+    ),
+    Mutation(
+        "L5-apply-in-flight-only",
+        "apply accepts a second answer for an already resolved generation",
+        "src/lookup/table.rs",
+        [("if state.phase != Phase::InFlight {\n                // A generation",
+          "if false {\n                // A generation")],
+        TEST + ["--lib", "a_duplicate_result"],
+    ),
+    Mutation(
+        "L6-one-answer-per-key",
+        "short answers leave the remaining keys without an answer",
+        "src/lookup/submission.rs",
+        [("found.resize(self.keys.len(), false);", "")],
+        TEST + ["--test", "table", "defect_5"],
+    ),
+    Mutation(
+        "L6-catch-panics",
+        "backend panics are not caught",
+        "src/lookup/backend.rs",
+        [("let call = panic::catch_unwind(AssertUnwindSafe(|| {",
+          "let call = no_catch(AssertUnwindSafe(|| {"),
+         ("/// The text of a panic payload",
+          "fn no_catch<T>(f: AssertUnwindSafe<impl FnOnce() -> T>) -> std::thread::Result<T> { Ok(f.0()) }\n/// The text of a panic payload")],
+        TEST + ["--test", "driver", "defects_4_and_5"],
+    ),
+    Mutation(
+        "L7-release-publication",
+        "the publishing CAS is Relaxed: node contents are not ordered before the consumer",
+        "src/publish.rs",
+        [(".compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)",
+          ".compare_exchange_weak(head, node, Ordering::Relaxed, Ordering::Relaxed)")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "two_groups"],
+        LOOM,
+    ),
+    Mutation(
+        "L7-publication-order",
+        "take_all hands results back newest first",
+        "src/publish.rs",
+        [("        taken.reverse();\n", "")],
+        TEST + ["--lib", "take_all_returns_publication_order"],
+    ),
+    Mutation(
+        "L7-per-group-publication",
+        "the worker publishes a submission's groups only when all are done (pre-seed-000)",
+        "src/lookup/driver.rs",
+        [("        for group in submission.into_groups() {\n            // Seed 000: each group is visible to the scheduler as soon as it\n            // is done, not when the whole submission is.\n            shared.published.push(probe_group(&mut backend, group));\n        }",
+          "        let done: Vec<_> = submission.into_groups().into_iter().map(|g| probe_group(&mut backend, g)).collect();\n        for result in done {\n            shared.published.push(result);\n        }")],
+        TEST + ["--test", "driver", "seed_000"],
+    ),
+    Mutation(
+        "L7-lookup-applies-published",
+        "lookup does not apply what the worker published (results wait for flush)",
+        "src/lookup/driver.rs",
+        [("        self.ensure_open()?;\n        self.apply_published();\n        Ok(self.table.lookup(key, request))",
+          "        self.ensure_open()?;\n        Ok(self.table.lookup(key, request))")],
+        TEST + ["--test", "driver", "defect_3"],
+    ),
+    Mutation(
+        "L8-shutdown-applies-last-answers",
+        "shutdown joins the worker but drops its last answers",
+        "src/lookup/driver.rs",
+        [("        let joined = worker.join();\n        self.apply_published();",
+          "        let joined = worker.join();")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "shuttle_lookup"],
+        SHUTTLE,
+    ),
+    Mutation(
+        "L8-shutdown-finishes-queued-work",
+        "the worker exits at shutdown without serving queued submissions",
+        "src/lookup/driver.rs",
+        [("                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }\n                if queue.closing {\n                    return;\n                }",
+          "                if queue.closing {\n                    return;\n                }\n                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }")],
+        TEST + ["--test", "driver", "shutdown_finishes_queued_work"],
+    ),
+]
+
+
+def sync_scratch():
+    """Copies the working tree (without build output) into the scratch dir."""
+    src = os.path.join(SCRATCH, "tree")
+    shutil.rmtree(src, ignore_errors=True)
+    # shutil.copy, not copy2: fresh mtimes, so cargo never mistakes a copied
+    # file for one it already built from a mutated version.
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns("target", ".git"), copy_function=shutil.copy)
+    return src
+
+
+def run(mutation, tree):
+    path = os.path.join(tree, mutation.file)
+    original = open(os.path.join(ROOT, mutation.file)).read()
+    text = original
+    for old, new in mutation.edits:
+        count = text.count(old)
+        if count != 1:
+            return "STALE", f"the text to mutate occurs {count} times in {mutation.file}; update mutants.py"
+        text = text.replace(old, new)
+    open(path, "w").write(text)
+    env = dict(os.environ)
+    env.update(mutation.env or {})
+    flavour = (mutation.env or {}).get("RUSTFLAGS", "std").split()[-1]
+    env["CARGO_TARGET_DIR"] = os.path.join(SCRATCH, "target-" + flavour)
+    try:
+        result = subprocess.run(mutation.check, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+        output = result.stdout + result.stderr
+        failed = result.returncode != 0
+    except subprocess.TimeoutExpired:
+        output, failed = "timed out (counts as caught: the check did not pass)", True
+    finally:
+        open(path, "w").write(original)
+    if "error[E" in output and "could not compile" in output:
+        return "BROKEN", "the mutant does not compile; fix the mutation"
+    if not failed:
+        return "SURVIVED", "the check passed with the guard removed"
+    lines = [l for l in output.splitlines() if "panicked at" in l or "Causality" in l or "FAILED" in l]
+    return "CAUGHT", (lines[0].strip() if lines else "check failed")[:160]
+
+
+def main():
+    prefixes = sys.argv[1:]
+    selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]
+    if not selected:
+        sys.exit(f"no mutation id starts with {prefixes}")
+    tree = sync_scratch()
+    # Baseline: every check must pass on the unmutated tree, or a "caught"
+    # mutant would prove nothing.
+    for check, env in {(tuple(m.check), tuple(sorted((m.env or {}).items()))) for m in selected}:
+        e = dict(os.environ)
+        e.update(dict(env))
+        e["CARGO_TARGET_DIR"] = os.path.join(SCRATCH, "target-" + dict(env).get("RUSTFLAGS", "std").split()[-1])
+        if subprocess.run(list(check), cwd=tree, env=e, capture_output=True).returncode != 0:
+            sys.exit(f"baseline check fails without any mutation: {' '.join(check)}")
+    bad = 0
+    for mutation in selected:
+        started = time.time()
+        verdict, detail = run(mutation, tree)
+        bad += verdict != "CAUGHT"
+        print(f"{verdict:8} {mutation.id:34} {time.time() - started:5.1f}s  {mutation.what}")
+        print(f"         check: {' '.join(mutation.check)}")
+        print(f"         -> {detail}")
+    print(f"\n{len(selected) - bad} of {len(selected)} mutations caught")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
