@@ -84,10 +84,11 @@ fn main() -> Result<(), kvtier::LookupError> {
                     .or_insert_with(|| started.elapsed());
             }
             // Loading req-fast-a's own block 101 from the tier will fail.
-            if request == "req-fast-a" && failed_load.is_none() {
-                if let Some(Verdict::Hit(ticket)) = verdicts.get(4) {
-                    failed_load = Some(ticket.clone());
-                }
+            if request == "req-fast-a"
+                && failed_load.is_none()
+                && let Some(Verdict::Hit(ticket)) = verdicts.get(4)
+            {
+                failed_load = Some(ticket.clone());
             }
             let shown: String = verdicts.iter().map(render).collect();
             line.push_str(&format!(" {request}:{shown}"));

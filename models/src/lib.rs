@@ -1,6 +1,6 @@
 //! Everything that checks kvtier against a formal model.
 //!
-//! - [`reference`]: the lookup protocol as a short, sequential specification,
+//! - [`reference`](mod@reference): the lookup protocol as a short, sequential specification,
 //!   the oracle for the differential tests (and, later, proptest and fuzzing).
 //! - [`conformance`]: compares a real [`kvtier::LookupTable`] with the
 //!   specification's state.
