@@ -157,8 +157,8 @@ MUTATIONS = [
         "L8-shutdown-applies-last-answers",
         "shutdown joins the worker but drops its last answers",
         "src/lookup/driver.rs",
-        [("        let joined = worker.join();\n        self.apply_published();",
-          "        let joined = worker.join();")],
+        [("        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;\n        self.apply_published();",
+          "        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "shuttle_lookup"],
         SHUTTLE,
     ),
@@ -209,8 +209,8 @@ def run(mutation, tree):
         return "BROKEN", "the mutant does not compile; fix the mutation"
     if not failed:
         return "SURVIVED", "the check passed with the guard removed"
-    lines = [l for l in output.splitlines() if "panicked at" in l or "Causality" in l or "FAILED" in l]
-    return "CAUGHT", (lines[0].strip() if lines else "check failed")[:160]
+    failing = [l.split(" --- ")[0].strip() for l in output.splitlines() if l.endswith(" --- FAILED")]
+    return "CAUGHT", ("failing test: " + failing[0] if failing else "the check failed")[:160]
 
 
 def main():

@@ -230,16 +230,22 @@ where
     /// Waits for in-progress backend calls: a backend that never returns
     /// makes this wait forever (timeouts belong to the async adapter).
     pub fn shutdown(&mut self) -> Result<(), LookupError> {
-        let worker = self.worker.take().ok_or(LookupError::ShutDown)?;
-        self.shared.queue.lock().closing = true;
-        self.shared.work_ready.notify_one();
-        let joined = worker.join();
+        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;
         self.apply_published();
         joined.map_err(|payload| LookupError::WorkerLost(panic_message(payload.as_ref())))
     }
 }
 
 impl<K, R: Request, B> AsyncLookup<K, R, B> {
+    /// Lets the worker finish what is queued and joins it; `None` when that
+    /// already happened.
+    fn close_and_join(&mut self) -> Option<std::thread::Result<()>> {
+        let worker = self.worker.take()?;
+        self.shared.queue.lock().closing = true;
+        self.shared.work_ready.notify_one();
+        Some(worker.join())
+    }
+
     fn ensure_open(&self) -> Result<(), LookupError> {
         match self.worker {
             Some(_) => Ok(()),
@@ -270,12 +276,8 @@ where
 
 impl<K, R: Request, B> Drop for AsyncLookup<K, R, B> {
     fn drop(&mut self) {
-        if let Some(worker) = self.worker.take() {
-            self.shared.queue.lock().closing = true;
-            self.shared.work_ready.notify_one();
-            // Nothing to report to: a worker that panicked already logged.
-            let _ = worker.join();
-        }
+        // Nothing to report to: a worker that panicked already logged.
+        let _ = self.close_and_join();
     }
 }
 
