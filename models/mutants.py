@@ -51,8 +51,8 @@ MUTATIONS = [
         "L1-known-key",
         "a known key is batched again when another request asks for it",
         "src/lookup/table.rs",
-        [("let phase = match self.states.get_mut(key) {",
-          "let phase = match self.states.get_mut(key).filter(|s| s.requesters.contains(id)) {")],
+        [("let (phase, generation) = match self.states.get_mut(key) {",
+          "let (phase, generation) = match self.states.get_mut(key).filter(|s| s.requesters.contains(id)) {")],
         TEST + ["--test", "table", "a_key_looked_up_twice"],
     ),
     Mutation(

@@ -104,11 +104,11 @@ where
     pub fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
         self.stats.lookups += 1;
         let id = request.id();
-        let phase = match self.states.get_mut(key) {
+        let (phase, generation) = match self.states.get_mut(key) {
             Some(state) => {
                 if !state.requesters.contains(id) {
                     state.requesters.push(id.clone());
-                    Self::request_entry(&mut self.requests, request)
+                    Self::request_entry(&mut self.requests, id)
                         .keys
                         .push(key.clone());
                 }
@@ -125,7 +125,7 @@ where
                         requesters: vec![id.clone()],
                     },
                 );
-                Self::request_entry(&mut self.requests, request)
+                Self::request_entry(&mut self.requests, id)
                     .keys
                     .push(key.clone());
                 let batch = &mut self.batch;
@@ -140,18 +140,18 @@ where
             }
         };
         match phase {
-            (Phase::Pending | Phase::InFlight, _) => {
+            Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
                 Verdict::Pending
             }
-            (Phase::Resolved { found: true }, generation) => {
+            Phase::Resolved { found: true } => {
                 self.stats.hits += 1;
                 Verdict::Hit(Ticket {
                     key: key.clone(),
                     generation,
                 })
             }
-            (Phase::Resolved { found: false }, _) => {
+            Phase::Resolved { found: false } => {
                 self.stats.misses += 1;
                 Verdict::Miss
             }
@@ -160,10 +160,10 @@ where
 
     fn request_entry<'a>(
         requests: &'a mut HashMap<R::Id, RequestEntry<K>>,
-        request: &R,
+        id: &R::Id,
     ) -> &'a mut RequestEntry<K> {
         requests
-            .entry(request.id().clone())
+            .entry(id.clone())
             .or_insert_with(|| RequestEntry { keys: Vec::new() })
     }
 
