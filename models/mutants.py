@@ -69,7 +69,7 @@ MUTATIONS = [
         "src/lookup/table.rs",
         [("if state.requesters.is_empty() && state.phase != Phase::InFlight {\n                self.states.remove(&key);",
           "if state.requesters.is_empty() {\n                self.states.remove(&key);")],
-        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "a_request_joining"],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "cleanup_while_in_flight"],
         LOOM,
     ),
     Mutation(
@@ -159,8 +159,8 @@ MUTATIONS = [
         "src/lookup/driver.rs",
         [("        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;\n        self.apply_published();",
           "        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;")],
-        TEST + ["--release", "-p", "kvtier-models", "--test", "shuttle_lookup"],
-        SHUTTLE,
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
+        LOOM,
     ),
     Mutation(
         "L8-shutdown-finishes-queued-work",
@@ -168,7 +168,8 @@ MUTATIONS = [
         "src/lookup/driver.rs",
         [("                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }\n                if queue.closing {\n                    return;\n                }",
           "                if queue.closing {\n                    return;\n                }\n                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }")],
-        TEST + ["--test", "driver", "shutdown_finishes_queued_work"],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
+        LOOM,
     ),
 ]
 

@@ -1,12 +1,19 @@
 //! Everything that checks kvtier against a formal model.
 //!
-//! - [`reference`](mod@reference): the lookup protocol as a short, sequential specification,
-//!   the oracle for the differential tests (and, later, proptest and fuzzing).
+//! - [`reference`](mod@reference): the lookup protocol as a short, sequential
+//!   specification, the oracle of every other check here.
 //! - [`conformance`]: compares a real [`kvtier::LookupTable`] with the
 //!   specification's state.
+//! - [`scripted`]: a deterministic backend whose contents change from call to
+//!   call and whose faults are scripted per call.
+//! - [`checked`]: the real threaded driver with the specification alongside,
+//!   compared after every operation (the oracle of the loom, shuttle and
+//!   driver-fuzz models).
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
 //!   `tests/shuttle_*.rs` (`--cfg kvtier_shuttle`): the real threaded driver
 //!   under the model checkers.
 
+pub mod checked;
 pub mod conformance;
 pub mod reference;
+pub mod scripted;

@@ -1,8 +1,15 @@
 //! loom models of the real `AsyncLookup` driver: the scheduler (the model's
-//! main thread) against the worker thread, every interleaving up to the
-//! preemption bound.
+//! main thread) against the worker thread and its scripted backend, every
+//! interleaving up to the preemption bound.
 //!
-//! Run: `RUSTFLAGS="--cfg kvtier_loom" cargo test -p kvtier-models --release --test loom_lookup`
+//! Each model drives a [`CheckedDriver`], which compares the driver with the
+//! specification after every call: every verdict the scheduler sees must be
+//! the one the specification gives after the groups applied so far, the
+//! table must hold exactly the specification's keys, and the counters must
+//! agree. Each model ends with `finish`: every request cleaned up, the driver
+//! shut down, no anomaly, every group applied once, nothing left in the table.
+//!
+//! Run: `RUSTFLAGS="--cfg kvtier_loom" cargo test -p kvtier-models --release --test loom_lookup -- --nocapture`
 //! Deeper: `LOOM_MAX_PREEMPTIONS=5` (the default bound here is 3), or
 //! `KVTIER_LOOM_EXHAUSTIVE=1` for no bound at all.
 #![cfg(kvtier_loom)]
@@ -10,10 +17,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use kvtier::{AsyncLookup, Phase, Verdict};
+use kvtier::{Phase, Verdict};
+use kvtier_models::checked::CheckedDriver;
+use kvtier_models::scripted::{Fault, Script, even, flipping, quiet_scripted_panics};
 
 /// Explores `body` with loom, preemption bound 3 unless LOOM_MAX_PREEMPTIONS
-/// says otherwise, and prints how many interleavings were explored.
+/// or KVTIER_LOOM_EXHAUSTIVE say otherwise, and prints how many
+/// interleavings were explored.
 fn explore(name: &str, body: impl Fn() + Sync + Send + 'static) {
     // A plain std counter: it only counts model executions, outside loom's view.
     let executions = std::sync::Arc::new(AtomicUsize::new(0));
@@ -37,85 +47,204 @@ fn explore(name: &str, body: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-/// "Even keys are stored."
-fn even(keys: &[u64], _request: &u64) -> Vec<bool> {
-    keys.iter().map(|key| key % 2 == 0).collect()
-}
-
-type Backend = fn(&[u64], &u64) -> Vec<bool>;
-
-fn phase(lookup: &AsyncLookup<u64, u64, Backend>, key: u64) -> Option<Phase> {
-    lookup.table().key_state(&key).map(|state| state.phase)
+fn phase(driver: &CheckedDriver, key: u64) -> Option<Phase> {
+    driver.driver().table().key_state(&key).map(|s| s.phase)
 }
 
 #[test]
 fn two_groups_published_while_the_scheduler_drains_arrive_once_and_in_order() {
     explore("two_groups_published_while_the_scheduler_drains", || {
-        let backend: Backend = even;
-        let mut lookup = AsyncLookup::new(backend).unwrap();
+        let mut driver = CheckedDriver::new(Script::new(even));
         // Two requests, so two groups: [1] for request 10, then [2] for request 20.
-        assert_eq!(lookup.lookup(&1, &10).unwrap(), Verdict::Pending);
-        assert_eq!(lookup.lookup(&2, &20).unwrap(), Verdict::Pending);
-        assert_eq!(lookup.flush().unwrap(), 2);
+        driver.lookup(1, 10);
+        driver.lookup(2, 20);
+        assert_eq!(driver.flush(), 2);
 
         // The scheduler drains while the worker may be publishing either group.
-        lookup.drain().unwrap();
-        let second_visible = phase(&lookup, 2) != Some(Phase::InFlight);
-        let first_visible = phase(&lookup, 1) != Some(Phase::InFlight);
+        driver.drain();
+        let second_visible = phase(&driver, 2) != Some(Phase::InFlight);
+        let first_visible = phase(&driver, 1) != Some(Phase::InFlight);
         assert!(
             !second_visible || first_visible,
             "group 2 applied before group 1"
         );
-
-        // Whatever the lookup sees is Pending or the backend's answer, never a wrong verdict.
-        match lookup.lookup(&2, &20).unwrap() {
-            Verdict::Pending | Verdict::Hit(_) => {}
-            Verdict::Miss => panic!("key 2 is stored"),
-        }
-        match lookup.lookup(&1, &10).unwrap() {
-            Verdict::Pending | Verdict::Miss => {}
-            Verdict::Hit(_) => panic!("key 1 is not stored"),
-        }
+        // Checked against the groups applied so far.
+        driver.lookup(2, 20);
+        driver.lookup(1, 10);
 
         // Cleanup while the probes may still be in flight: orphans until answered.
-        lookup.cleanup(&10).unwrap();
-        lookup.cleanup(&20).unwrap();
-        lookup.shutdown().unwrap();
-
-        let stats = lookup.stats();
+        driver.cleanup(10);
+        driver.cleanup(20);
+        let stats = driver.finish();
         assert_eq!(stats.groups_applied, 2, "each group applied exactly once");
-        assert_eq!(stats.anomalies, 0);
-        assert!(lookup.table().is_empty(), "nothing leaks");
-        lookup.table().check_invariants().unwrap();
     });
 }
 
 #[test]
-fn a_request_joining_an_orphaned_probe_shares_it_and_sees_its_answer() {
-    explore("a_request_joining_an_orphaned_probe", || {
-        let backend: Backend = even;
-        let mut lookup = AsyncLookup::new(backend).unwrap();
-        lookup.lookup(&4, &10).unwrap();
-        lookup.flush().unwrap();
-        // Request 10 ends while its probe may be running, done, or published.
-        lookup.cleanup(&10).unwrap();
-        // Pending either way: 20 joined the in-flight probe, or the answer
-        // had been applied before and the state removed, so 20 starts afresh.
-        assert_eq!(lookup.lookup(&4, &20).unwrap(), Verdict::Pending);
-        let resubmitted = lookup.flush().unwrap() as u64;
-        assert!(resubmitted <= 1);
-        lookup.shutdown().unwrap();
-        // Both ways, 20 ends with the backend's answer, from one probe per
-        // incarnation of the state.
-        assert_eq!(
-            lookup.table().key_state(&4).map(|s| s.phase),
-            Some(Phase::Resolved { found: true })
-        );
-        let stats = lookup.stats();
-        assert_eq!(stats.anomalies, 0);
-        assert_eq!(stats.keys_submitted, 1 + resubmitted);
-        assert_eq!(stats.groups_applied, 1 + resubmitted);
-        assert_eq!(stats.stale_results, 0);
-        lookup.table().check_invariants().unwrap();
+fn cleanup_while_in_flight_then_another_request_shares_the_probe() {
+    explore(
+        "cleanup_while_in_flight_then_another_request_shares",
+        || {
+            // Every reprobe of a key gets the opposite answer, so an answer
+            // applied to the wrong incarnation of the key shows.
+            let mut driver = CheckedDriver::new(Script::new(flipping));
+            driver.lookup(4, 10);
+            driver.flush();
+            // Request 10 ends while its probe may be running, done, or published.
+            driver.cleanup(10);
+            // Pending either way: 20 joined the in-flight probe, or the answer had
+            // been applied before, the orphan removed, and 20 starts afresh.
+            assert_eq!(driver.lookup(4, 20), Verdict::Pending);
+            let resubmitted = driver.flush() as u64;
+            assert!(resubmitted <= 1);
+            driver.wait_idle();
+            driver.lookup(4, 20);
+            let stats = driver.driver().stats();
+            // One probe per incarnation of the state, never a second one for the
+            // in-flight state 20 joined.
+            assert_eq!(stats.keys_submitted, 1 + resubmitted);
+            driver.finish();
+        },
+    );
+}
+
+#[test]
+fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
+    explore("an_orphaned_answer_is_discarded", || {
+        let mut driver = CheckedDriver::new(Script::new(flipping));
+        driver.lookup(4, 10);
+        driver.lookup(5, 10);
+        driver.flush();
+        // Request 10 ends, answered or not: nobody joins, so the states go
+        // now (answered) or as orphans when their answers arrive.
+        driver.cleanup(10);
+        driver.drain();
+        driver.wait_idle();
+        assert!(driver.driver().table().is_empty(), "orphans removed");
+        // A new incarnation: probed afresh, answered by the second call.
+        assert_eq!(driver.lookup(4, 20), Verdict::Pending);
+        assert_eq!(driver.flush(), 1);
+        driver.wait_idle();
+        assert_eq!(driver.lookup(4, 20), Verdict::Miss, "flipped since call 0");
+        driver.finish();
+    });
+}
+
+#[test]
+fn a_reused_key_never_gets_an_older_generations_answer() {
+    explore(
+        "a_reused_key_never_gets_an_older_generations_answer",
+        || {
+            let mut driver = CheckedDriver::new(Script::new(flipping));
+            // Step 1: key 5 in flight for request 10 (call 0: stored).
+            driver.lookup(5, 10);
+            driver.flush();
+            // Step 2, while call 0 may be anywhere: key 6 is created, dropped
+            // before the flush and recreated; only the new generation is sent.
+            driver.lookup(6, 20);
+            driver.cleanup(20);
+            driver.lookup(6, 30);
+            assert_eq!(driver.flush(), 1);
+            // Request 10 ends; 40 asks for key 5: joins the old probe or, if its
+            // orphan was already removed, starts a new generation (call 2: not
+            // stored). The checker knows which answer belongs to which.
+            driver.cleanup(10);
+            driver.lookup(5, 40);
+            driver.flush();
+            driver.drain();
+            driver.lookup(5, 40);
+            driver.lookup(6, 30);
+            let stats = driver.finish();
+            assert_eq!(stats.stale_results, 0, "no late answer reached a state");
+        },
+    );
+}
+
+#[test]
+fn seed_001_late_mark_miss_after_recreate_leaves_the_new_verdict_intact() {
+    explore("seed_001_late_mark_miss_after_recreate", || {
+        let mut driver = CheckedDriver::new(Script::new(even));
+        driver.lookup(2, 10);
+        driver.flush();
+        driver.wait_idle();
+        let Verdict::Hit(old) = driver.lookup(2, 10) else {
+            panic!("key 2 is stored")
+        };
+        // The request ends; the key is recreated by another request and its
+        // new probe runs while the first request's load fails late.
+        driver.cleanup(10);
+        assert_eq!(driver.lookup(2, 20), Verdict::Pending);
+        driver.flush();
+        assert!(!driver.mark_miss(&old), "stale ticket changed something");
+        driver.drain();
+        assert!(!driver.mark_miss(&old), "stale ticket changed something");
+        driver.wait_idle();
+        let Verdict::Hit(new) = driver.lookup(2, 20) else {
+            panic!("the new generation's hit was lost")
+        };
+        assert_ne!(new.generation(), old.generation());
+        assert_eq!(driver.driver().stats().marked_miss, 0);
+        driver.finish();
+    });
+}
+
+#[test]
+fn backend_error_and_panics_mid_submission_become_misses_and_later_groups_publish() {
+    quiet_scripted_panics();
+    explore("backend_error_and_panics_mid_submission", || {
+        // One submission of four groups: the first errors, the second panics
+        // after answering its first key, the third panics in the call, the
+        // fourth answers normally.
+        let script = Script::new(even).with_faults([
+            Fault::Error,
+            Fault::PanicMidway,
+            Fault::PanicInCall,
+            Fault::None,
+        ]);
+        let mut driver = CheckedDriver::new(script);
+        driver.lookup(2, 10);
+        driver.lookup(4, 20);
+        driver.lookup(6, 20);
+        driver.lookup(8, 30);
+        driver.lookup(10, 40);
+        assert_eq!(driver.flush(), 5);
+        driver.drain();
+        driver.wait_idle();
+        // The worker survived: a later submission is served too.
+        driver.lookup(12, 50);
+        driver.flush();
+        driver.wait_idle();
+        assert!(driver.lookup(2, 10).is_miss(), "error: miss");
+        assert!(driver.lookup(4, 20).is_hit(), "answered before the panic");
+        assert!(driver.lookup(6, 20).is_miss(), "unanswered at the panic");
+        assert!(driver.lookup(8, 30).is_miss(), "panic in the call: miss");
+        assert!(driver.lookup(10, 40).is_hit(), "later group published");
+        assert!(driver.lookup(12, 50).is_hit(), "later submission served");
+        let stats = driver.finish();
+        assert_eq!((stats.backend_errors, stats.backend_panics), (1, 2));
+    });
+}
+
+#[test]
+fn shutdown_with_work_queued_and_in_flight_serves_it_all_and_joins() {
+    explore("shutdown_with_work_queued_and_in_flight", || {
+        let mut driver = CheckedDriver::new(Script::new(even));
+        driver.lookup(1, 10);
+        driver.flush();
+        driver.lookup(2, 20);
+        driver.lookup(3, 20);
+        driver.flush();
+        // The first submission may be queued, in flight or done; the second
+        // is queued or in flight. Request 10 ends meanwhile (its key becomes
+        // an orphan unless already answered); 20 stays. Shutdown must serve
+        // both submissions, join, and apply every answer.
+        driver.cleanup(10);
+        driver.shutdown();
+        assert_eq!(driver.driver().stats().groups_applied, 2);
+        assert_eq!(phase(&driver, 1), None, "the orphan's answer removed it");
+        assert_eq!(phase(&driver, 2), Some(Phase::Resolved { found: true }));
+        assert_eq!(phase(&driver, 3), Some(Phase::Resolved { found: false }));
+        let stats = driver.finish();
+        assert_eq!(stats.keys_submitted, 3);
     });
 }

@@ -1,0 +1,267 @@
+//! The real threaded driver, checked against the specification after every
+//! operation: the oracle of the loom, shuttle and driver-fuzz models.
+//!
+//! The worker answers groups in submission order and the scheduler applies
+//! them in publication order, so at any moment the driver has applied some
+//! prefix of the submitted groups. [`Stats::groups_applied`] says how long a
+//! prefix. After each real call the checker applies the same prefix to the
+//! [`Reference`] (with the answers the [`Script`] determines) and then the
+//! same operation, and demands the same verdict, the same submission size,
+//! the same table contents and the same counters. A group lost, duplicated,
+//! reordered or answered with another generation's answer shows up as a
+//! difference; so does any verdict the specification does not allow.
+
+use std::collections::VecDeque;
+
+use kvtier::{AsyncLookup, LookupError, Stats, Ticket, Verdict};
+
+use crate::conformance::{check_state, check_verdict};
+use crate::reference::{Key, ModelGroup, Reference, Req};
+use crate::scripted::{Fault, Script, ScriptedBackend};
+
+/// The driver under test.
+pub type Driver = AsyncLookup<Key, Req, ScriptedBackend>;
+
+/// Fault counters the script determines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct FaultCounts {
+    errors: u64,
+    panics: u64,
+    short: u64,
+    surplus: u64,
+}
+
+/// An [`AsyncLookup`] over a [`ScriptedBackend`], with the specification
+/// alongside. Every method panics with a description when the driver and the
+/// specification disagree: that is the model's failure.
+pub struct CheckedDriver {
+    driver: Driver,
+    spec: Reference,
+    script: Script,
+    /// Submitted groups the driver has not applied yet, oldest first, each
+    /// with the backend call number that answers it.
+    unapplied: VecDeque<(u64, ModelGroup)>,
+    next_call: u64,
+    applied: u64,
+    faults: FaultCounts,
+    tickets: Vec<Ticket<Key>>,
+    open: bool,
+}
+
+impl CheckedDriver {
+    /// Starts a driver whose backend follows `script`.
+    pub fn new(script: Script) -> Self {
+        let driver = AsyncLookup::new(script.backend()).expect("start the lookup worker");
+        Self {
+            driver,
+            spec: Reference::new(),
+            script,
+            unapplied: VecDeque::new(),
+            next_call: 0,
+            applied: 0,
+            faults: FaultCounts::default(),
+            tickets: Vec::new(),
+            open: true,
+        }
+    }
+
+    /// `lookup(key, req)`; checks the verdict. Hits' tickets are kept for
+    /// [`mark_miss_ticket`](Self::mark_miss_ticket).
+    pub fn lookup(&mut self, key: Key, req: Req) -> Verdict<Key> {
+        let real = self.driver.lookup(&key, &req).expect("driver open");
+        self.catch_up();
+        let expected = self.spec.lookup(key, req);
+        if let Err(why) = check_verdict(&real, expected) {
+            panic!("lookup({key}, {req}): {why}");
+        }
+        if let Verdict::Hit(ticket) = &real {
+            self.tickets.push(ticket.clone());
+        }
+        self.check("lookup");
+        real
+    }
+
+    /// `flush()`; checks how many keys were handed over.
+    pub fn flush(&mut self) -> usize {
+        let handed = self.driver.flush().expect("driver open");
+        self.catch_up();
+        let groups = self.spec.take_submission();
+        let expected: usize = groups.iter().map(|(_, entries)| entries.len()).sum();
+        assert_eq!(handed, expected, "flush handed over {handed} keys");
+        for group in groups {
+            self.unapplied.push_back((self.next_call, group));
+            self.next_call += 1;
+        }
+        self.check("flush");
+        handed
+    }
+
+    /// `drain()`.
+    pub fn drain(&mut self) -> usize {
+        let applied = self.driver.drain().expect("driver open");
+        self.catch_up();
+        self.check("drain");
+        applied
+    }
+
+    /// `wait_idle()`: afterwards every submitted group has been applied.
+    pub fn wait_idle(&mut self) {
+        self.driver.wait_idle().expect("driver open");
+        self.catch_up();
+        assert!(self.unapplied.is_empty(), "wait_idle returned early");
+        self.check("wait_idle");
+    }
+
+    /// `cleanup(req)`.
+    pub fn cleanup(&mut self, req: Req) {
+        self.driver.cleanup(&req).expect("driver open");
+        self.catch_up();
+        self.spec.cleanup(req);
+        self.check("cleanup");
+    }
+
+    /// `mark_miss(ticket)`; checks whether it changed anything.
+    pub fn mark_miss(&mut self, ticket: &Ticket<Key>) -> bool {
+        let changed = self.driver.mark_miss(ticket).expect("driver open");
+        self.catch_up();
+        let expected = self
+            .spec
+            .mark_miss(*ticket.key(), ticket.generation().get());
+        assert_eq!(changed, expected, "mark_miss({ticket:?})");
+        self.check("mark_miss");
+        changed
+    }
+
+    /// `mark_miss` with the `index`-th hit ticket seen so far (modulo their
+    /// number); `None` when no hit was seen yet.
+    pub fn mark_miss_ticket(&mut self, index: usize) -> Option<bool> {
+        if self.tickets.is_empty() {
+            return None;
+        }
+        let ticket = self.tickets[index % self.tickets.len()].clone();
+        Some(self.mark_miss(&ticket))
+    }
+
+    /// `mark_miss_keys(keys)`.
+    pub fn mark_miss_keys(&mut self, keys: &[Key]) -> usize {
+        let changed = self.driver.mark_miss_keys(keys).expect("driver open");
+        self.catch_up();
+        assert_eq!(
+            changed,
+            self.spec.mark_miss_keys(keys),
+            "mark_miss_keys({keys:?})"
+        );
+        self.check("mark_miss_keys");
+        changed
+    }
+
+    /// `shutdown()`: every submitted group has been applied afterwards, and
+    /// every later call is refused.
+    pub fn shutdown(&mut self) {
+        self.driver.shutdown().expect("first shutdown");
+        self.open = false;
+        self.catch_up();
+        assert!(self.unapplied.is_empty(), "shutdown lost submitted groups");
+        self.check("shutdown");
+        assert!(matches!(self.driver.flush(), Err(LookupError::ShutDown)));
+        assert!(matches!(
+            self.driver.lookup(&0, &0),
+            Err(LookupError::ShutDown)
+        ));
+    }
+
+    /// Ends the model: cleans up every live request and shuts down (if not
+    /// shut down yet), then checks that no anomaly happened, every group was
+    /// applied once, nothing is left in flight, and nothing is left at all
+    /// unless a request is still live.
+    pub fn finish(mut self) -> Stats {
+        if self.open {
+            for req in self.spec.requests() {
+                self.cleanup(req);
+            }
+            self.shutdown();
+        }
+        let stats = self.driver.stats();
+        assert_eq!(stats.anomalies, 0, "anomalies");
+        assert_eq!(
+            stats.groups_applied, stats.groups_submitted,
+            "every group applied once"
+        );
+        let table = self.driver.table();
+        for (key, model) in &self.spec.keys {
+            assert!(
+                !model.requesters.is_empty(),
+                "key {key} outlived its requests"
+            );
+            assert_ne!(
+                table.key_state(key).map(|s| s.phase),
+                Some(kvtier::Phase::InFlight),
+                "key {key} still in flight after shutdown"
+            );
+        }
+        if self.spec.requests().is_empty() {
+            assert!(table.is_empty(), "{} keys leaked", table.len());
+        }
+        stats
+    }
+
+    /// The driver, read-only.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// The specification's state.
+    pub fn spec(&self) -> &Reference {
+        &self.spec
+    }
+
+    /// Hit tickets seen so far.
+    pub fn tickets(&self) -> &[Ticket<Key>] {
+        &self.tickets
+    }
+
+    /// Requests the specification considers live.
+    pub fn live_requests(&self) -> Vec<Req> {
+        self.spec.requests().into_iter().collect()
+    }
+
+    /// Applies to the specification the groups the driver has applied since
+    /// the last call, in submission order.
+    fn catch_up(&mut self) {
+        let applied = self.driver.stats().groups_applied;
+        assert!(applied >= self.applied, "groups_applied went backwards");
+        for _ in self.applied..applied {
+            let (call, (_, entries)) = self
+                .unapplied
+                .pop_front()
+                .expect("the driver applied a group that was never submitted");
+            let keys: Vec<Key> = entries.iter().map(|&(key, _)| key).collect();
+            let found = self.script.expected(&keys, call);
+            for (&(key, generation), found) in entries.iter().zip(found) {
+                self.spec.apply(key, generation, found);
+            }
+            match self.script.fault(call) {
+                Fault::None => {}
+                Fault::Error => self.faults.errors += 1,
+                Fault::PanicInCall | Fault::PanicMidway => self.faults.panics += 1,
+                Fault::Short => self.faults.short += 1,
+                Fault::Surplus => self.faults.surplus += 1,
+            }
+        }
+        self.applied = applied;
+    }
+
+    fn check(&self, after: &str) {
+        if let Err(why) = check_state(self.driver.table(), &self.spec) {
+            panic!("after {after}: {why}");
+        }
+        let stats = self.driver.stats();
+        let seen = FaultCounts {
+            errors: stats.backend_errors,
+            panics: stats.backend_panics,
+            short: stats.short_results,
+            surplus: stats.surplus_results,
+        };
+        assert_eq!(seen, self.faults, "fault counters after {after}");
+    }
+}
