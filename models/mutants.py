@@ -2,8 +2,9 @@
 """Remove or invert each guarding line of the lookup core, on a scratch copy,
 and show which check then fails.
 
-    python3 models/mutants.py            # every mutation
+    python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
+    python3 models/mutants.py --matrix   # every mutation against every suite
 
 Each mutation names the invariant (docs/design.md) whose guard it breaks, the
 exact text it replaces, and the check expected to catch it. A mutation whose
@@ -11,6 +12,11 @@ check still passes is reported as SURVIVED and makes the script exit non-zero:
 that check cannot see the guard, so either the check or the guard is wrong.
 The working tree is never modified; the scratch copy lives in
 $KVTIER_MUTANTS_DIR (default: target/mutants/).
+
+--matrix runs each mutation against every suite in SUITES instead (unit and
+integration tests, the differential test, proptest, the fuzz corpus replay,
+loom, shuttle) and prints a markdown table of which suites catch it: the
+evidence table of docs/verification.md. It takes about half an hour.
 """
 
 import os
@@ -26,6 +32,18 @@ SCRATCH = os.environ.get("KVTIER_MUTANTS_DIR", os.path.join(ROOT, "target", "mut
 TEST = ["cargo", "test", "--quiet"]
 LOOM = {"RUSTFLAGS": "--cfg kvtier_loom"}
 SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
+MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
+
+# Every suite that can see the core's code (the abstract protocol model cannot:
+# it has its own guard-removal tests in models/tests/protocol_model.rs).
+SUITES = {
+    "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
+    "differential": (MODELS + ["differential"], {}),
+    "proptest": (MODELS + ["proptest_lookup"], {}),
+    "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
+    "loom": (MODELS + ["loom_lookup"], LOOM),
+    "shuttle": (MODELS + ["shuttle_lookup"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+}
 
 
 @dataclass
@@ -184,28 +202,35 @@ def sync_scratch():
     return src
 
 
-def run(mutation, tree):
+def mutate(mutation, tree):
+    """Writes the mutated file into the scratch tree; returns the original
+    text, or None when the text to mutate is not found exactly once."""
     path = os.path.join(tree, mutation.file)
     original = open(os.path.join(ROOT, mutation.file)).read()
     text = original
     for old, new in mutation.edits:
-        count = text.count(old)
-        if count != 1:
-            return "STALE", f"the text to mutate occurs {count} times in {mutation.file}; update mutants.py"
+        if text.count(old) != 1:
+            return None
         text = text.replace(old, new)
     open(path, "w").write(text)
+    return original
+
+
+def target_dir(env):
+    return os.path.join(SCRATCH, "target-" + env.get("RUSTFLAGS", "std").split()[-1])
+
+
+def check(command, env_extra, tree):
+    """Runs one check in the scratch tree: (verdict, detail)."""
     env = dict(os.environ)
-    env.update(mutation.env or {})
-    flavour = (mutation.env or {}).get("RUSTFLAGS", "std").split()[-1]
-    env["CARGO_TARGET_DIR"] = os.path.join(SCRATCH, "target-" + flavour)
+    env.update(env_extra or {})
+    env["CARGO_TARGET_DIR"] = target_dir(env_extra or {})
     try:
-        result = subprocess.run(mutation.check, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
         output = result.stdout + result.stderr
         failed = result.returncode != 0
     except subprocess.TimeoutExpired:
         output, failed = "timed out (counts as caught: the check did not pass)", True
-    finally:
-        open(path, "w").write(original)
     if "error[E" in output and "could not compile" in output:
         return "BROKEN", "the mutant does not compile; fix the mutation"
     if not failed:
@@ -214,20 +239,60 @@ def run(mutation, tree):
     return "CAUGHT", ("failing test: " + failing[0] if failing else "the check failed")[:160]
 
 
+def run(mutation, tree):
+    original = mutate(mutation, tree)
+    if original is None:
+        return "STALE", f"the text to mutate does not occur exactly once in {mutation.file}; update mutants.py"
+    try:
+        return check(mutation.check, mutation.env, tree)
+    finally:
+        open(os.path.join(tree, mutation.file), "w").write(original)
+
+
+def baseline(checks, tree):
+    """Every check must pass on the unmutated tree, or a "caught" mutant
+    would prove nothing."""
+    for command, env in checks:
+        verdict, _ = check(list(command), dict(env), tree)
+        if verdict != "SURVIVED":
+            sys.exit(f"baseline check fails without any mutation: {' '.join(command)}")
+
+
+def matrix(selected, tree):
+    baseline([(tuple(c), tuple(sorted(e.items()))) for c, e in SUITES.values()], tree)
+    print("| mutation | " + " | ".join(SUITES) + " |")
+    print("|---|" + "---|" * len(SUITES))
+    uncaught = 0
+    for mutation in selected:
+        original = mutate(mutation, tree)
+        if original is None:
+            print(f"| {mutation.id} | STALE |")
+            uncaught += 1
+            continue
+        cells = []
+        try:
+            for command, env in SUITES.values():
+                verdict, _ = check(command, env, tree)
+                cells.append({"CAUGHT": "caught", "SURVIVED": "-", "BROKEN": "BROKEN"}[verdict])
+        finally:
+            open(os.path.join(tree, mutation.file), "w").write(original)
+        uncaught += "caught" not in cells
+        print(f"| {mutation.id} | " + " | ".join(cells) + " |", flush=True)
+    print(f"\n{len(selected) - uncaught} of {len(selected)} mutations caught by at least one suite")
+    sys.exit(1 if uncaught else 0)
+
+
 def main():
-    prefixes = sys.argv[1:]
+    args = sys.argv[1:]
+    as_matrix = "--matrix" in args
+    prefixes = [a for a in args if a != "--matrix"]
     selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]
     if not selected:
         sys.exit(f"no mutation id starts with {prefixes}")
     tree = sync_scratch()
-    # Baseline: every check must pass on the unmutated tree, or a "caught"
-    # mutant would prove nothing.
-    for check, env in {(tuple(m.check), tuple(sorted((m.env or {}).items()))) for m in selected}:
-        e = dict(os.environ)
-        e.update(dict(env))
-        e["CARGO_TARGET_DIR"] = os.path.join(SCRATCH, "target-" + dict(env).get("RUSTFLAGS", "std").split()[-1])
-        if subprocess.run(list(check), cwd=tree, env=e, capture_output=True).returncode != 0:
-            sys.exit(f"baseline check fails without any mutation: {' '.join(check)}")
+    if as_matrix:
+        matrix(selected, tree)
+    baseline({(tuple(m.check), tuple(sorted((m.env or {}).items()))) for m in selected}, tree)
     bad = 0
     for mutation in selected:
         started = time.time()

@@ -9,11 +9,20 @@
 //! - [`checked`]: the real threaded driver with the specification alongside,
 //!   compared after every operation (the oracle of the loom, shuttle and
 //!   driver-fuzz models).
+//! - [`lockstep`]: the table and the specification driven by one operation
+//!   sequence (the differential test and the table fuzz target).
+//! - [`fuzzing`]: the bodies of the cargo-fuzz targets, replayed on stable by
+//!   tests/fuzz_corpus.rs.
+//! - [`protocol`]: an abstract model of the protocol, explored exhaustively
+//!   (tests/protocol_model.rs).
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
 //!   `tests/shuttle_*.rs` (`--cfg kvtier_shuttle`): the real threaded driver
 //!   under the model checkers.
 
 pub mod checked;
 pub mod conformance;
+pub mod fuzzing;
+pub mod lockstep;
+pub mod protocol;
 pub mod reference;
 pub mod scripted;

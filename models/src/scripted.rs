@@ -13,7 +13,7 @@ use kvtier::LookupBackend;
 use crate::reference::{Key, Req};
 
 /// What the backend does on one call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, arbitrary::Arbitrary)]
 pub enum Fault {
     /// Answers every key.
     None,

@@ -1,0 +1,113 @@
+//! The bodies of the cargo-fuzz targets in `fuzz/`, here so that a stable
+//! `cargo test` (tests/fuzz_corpus.rs) replays the committed corpus through
+//! exactly the code the fuzzer runs.
+
+use arbitrary::{Arbitrary, Unstructured};
+
+use crate::checked::CheckedDriver;
+use crate::lockstep::{Lockstep, TableOp};
+use crate::reference::{Key, Req};
+use crate::scripted::{Fault, Script, mixed, quiet_scripted_panics};
+
+/// Operations per input, at most: keeps every input fast.
+const MAX_OPS: usize = 512;
+
+/// `table_vs_reference`: an operation sequence applied to the real table and
+/// to the specification, compared after every operation; at the end every
+/// request is cleaned up and every group answered, and nothing may remain.
+pub fn table_vs_reference(data: &[u8]) {
+    let mut input = Unstructured::new(data);
+    // The first byte picks the domains: small ones collide more.
+    let shape = u8::arbitrary(&mut input).unwrap_or(0);
+    let keys = 1 + u64::from(shape & 0x0f);
+    let requests = 1 + u64::from(shape >> 4);
+    let mut run = Lockstep::new(keys, requests);
+    let mut trace = Vec::new();
+    while trace.len() < MAX_OPS && !input.is_empty() {
+        let Ok(op) = TableOp::arbitrary(&mut input) else {
+            break;
+        };
+        if let Err(why) = run.apply(&op) {
+            panic!(
+                "operation {} ({op:?}): {why}\ntrace: {trace:?}",
+                trace.len()
+            );
+        }
+        trace.push(op);
+    }
+    if let Err(why) = run.finish() {
+        panic!("at the end: {why}\ntrace: {trace:?}");
+    }
+}
+
+/// One scheduler call on the threaded driver.
+#[derive(Debug, Arbitrary)]
+pub enum DriverOp {
+    /// `lookup(key % 8, req % 4)`.
+    Lookup {
+        /// Key.
+        key: u8,
+        /// Request.
+        req: u8,
+    },
+    /// `flush()`.
+    Flush,
+    /// `drain()`.
+    Drain,
+    /// `wait_idle()`.
+    WaitIdle,
+    /// `mark_miss` with one of the hit tickets seen.
+    MarkMiss {
+        /// Which ticket.
+        ticket: u8,
+    },
+    /// `mark_miss_keys([key % 8])`.
+    MarkMissKey {
+        /// Key.
+        key: u8,
+    },
+    /// `cleanup(req % 4)`.
+    Cleanup {
+        /// Request.
+        req: u8,
+    },
+}
+
+/// `driver_scripted`: scheduler calls on the real threaded driver whose
+/// backend fails as the input scripts it (errors, panics in the call or
+/// mid-answers, short and surplus answers), checked against the
+/// specification after every call by [`CheckedDriver`]; the run ends with
+/// every request cleaned up and the driver shut down, with nothing left.
+pub fn driver_scripted(data: &[u8]) {
+    quiet_scripted_panics();
+    let mut input = Unstructured::new(data);
+    let faults: Vec<Fault> = Vec::arbitrary(&mut input).unwrap_or_default();
+    let mut driver = CheckedDriver::new(Script::new(mixed).with_faults(faults));
+    let mut ops = 0;
+    while ops < MAX_OPS && !input.is_empty() {
+        let Ok(op) = DriverOp::arbitrary(&mut input) else {
+            break;
+        };
+        ops += 1;
+        match op {
+            DriverOp::Lookup { key, req } => {
+                driver.lookup(Key::from(key % 8), Req::from(req % 4));
+            }
+            DriverOp::Flush => {
+                driver.flush();
+            }
+            DriverOp::Drain => {
+                driver.drain();
+            }
+            DriverOp::WaitIdle => driver.wait_idle(),
+            DriverOp::MarkMiss { ticket } => {
+                driver.mark_miss_ticket(usize::from(ticket));
+            }
+            DriverOp::MarkMissKey { key } => {
+                driver.mark_miss_keys(&[Key::from(key % 8)]);
+            }
+            DriverOp::Cleanup { req } => driver.cleanup(Req::from(req % 4)),
+        }
+    }
+    driver.finish();
+}

@@ -1,0 +1,213 @@
+//! The real table and the specification driven by one operation sequence,
+//! compared after every operation. Shared by the seeded differential test and
+//! the `table_vs_reference` fuzz target.
+
+use arbitrary::Arbitrary;
+use kvtier::{Group, Ticket, Verdict};
+
+use crate::conformance::{Table, check_state, check_verdict};
+use crate::reference::{Key, Reference, Req};
+
+/// One operation on the table. Numbers are reduced into the run's domains
+/// (keys, requests, unanswered groups, tickets handed out), so any value is
+/// valid; an operation that needs a group or ticket when there is none does
+/// nothing.
+#[derive(Clone, Debug, Arbitrary)]
+pub enum TableOp {
+    /// `lookup(key, req)`.
+    Lookup {
+        /// Reduced modulo the key domain.
+        key: u8,
+        /// Reduced modulo the request domain.
+        req: u8,
+    },
+    /// `take_submission()`.
+    Flush,
+    /// Answers an unanswered group, in any order: answer `i` is bit `i` of
+    /// `bits`; `count` answers are given (modulo the group's length + 2, so
+    /// short and surplus answers happen).
+    Answer {
+        /// Which unanswered group.
+        group: u8,
+        /// The answers' contents.
+        bits: u16,
+        /// How many answers.
+        count: u8,
+    },
+    /// `mark_miss` with one of the hit tickets handed out so far.
+    MarkMiss {
+        /// Which ticket.
+        ticket: u8,
+    },
+    /// `mark_miss_keys(keys)`.
+    MarkMissKeys {
+        /// Each reduced modulo the key domain.
+        keys: Vec<u8>,
+    },
+    /// `cleanup(req)`.
+    Cleanup {
+        /// Reduced modulo the request domain.
+        req: u8,
+    },
+}
+
+/// A table and the specification side by side.
+pub struct Lockstep {
+    table: Table,
+    spec: Reference,
+    keys: u64,
+    requests: u64,
+    /// Submitted groups not answered yet, in submission order.
+    unanswered: Vec<Group<Key, Req>>,
+    tickets: Vec<Ticket<Key>>,
+}
+
+impl Lockstep {
+    /// An empty table over `keys` keys and `requests` requests (both ≥ 1).
+    pub fn new(keys: u64, requests: u64) -> Self {
+        Self {
+            table: Table::new(),
+            spec: Reference::new(),
+            keys: keys.max(1),
+            requests: requests.max(1),
+            unanswered: Vec::new(),
+            tickets: Vec::new(),
+        }
+    }
+
+    /// Submitted groups not answered yet.
+    pub fn unanswered(&self) -> usize {
+        self.unanswered.len()
+    }
+
+    /// Length of the `index`-th unanswered group.
+    pub fn group_len(&self, index: usize) -> usize {
+        self.unanswered.get(index).map_or(0, Group::len)
+    }
+
+    /// Hit tickets handed out so far.
+    pub fn tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Applies `op` to both sides and compares them.
+    pub fn apply(&mut self, op: &TableOp) -> Result<(), String> {
+        match op {
+            TableOp::Lookup { key, req } => {
+                let key = u64::from(*key) % self.keys;
+                let req = u64::from(*req) % self.requests;
+                let real = self.table.lookup(&key, &req);
+                check_verdict(&real, self.spec.lookup(key, req))
+                    .map_err(|why| format!("lookup({key}, {req}): {why}"))?;
+                if let Verdict::Hit(ticket) = real {
+                    self.tickets.push(ticket);
+                }
+            }
+            TableOp::Flush => self.flush()?,
+            TableOp::Answer { group, bits, count } => {
+                if !self.unanswered.is_empty() {
+                    let index = usize::from(*group) % self.unanswered.len();
+                    let len = self.unanswered[index].len();
+                    let count = usize::from(*count) % (len + 2);
+                    let answers = (0..count).map(|i| i < 16 && bits & (1 << i) != 0);
+                    self.answer(index, answers.collect())?;
+                }
+            }
+            TableOp::MarkMiss { ticket } => {
+                if !self.tickets.is_empty() {
+                    let ticket = &self.tickets[usize::from(*ticket) % self.tickets.len()];
+                    let real = self.table.mark_miss(ticket);
+                    let spec = self
+                        .spec
+                        .mark_miss(*ticket.key(), ticket.generation().get());
+                    if real != spec {
+                        return Err(format!(
+                            "mark_miss({ticket:?}): table {real}, specification {spec}"
+                        ));
+                    }
+                }
+            }
+            TableOp::MarkMissKeys { keys } => {
+                let keys: Vec<Key> = keys.iter().map(|&k| u64::from(k) % self.keys).collect();
+                let real = self.table.mark_miss_keys(&keys);
+                let spec = self.spec.mark_miss_keys(&keys);
+                if real != spec {
+                    return Err(format!(
+                        "mark_miss_keys({keys:?}): table {real}, specification {spec}"
+                    ));
+                }
+            }
+            TableOp::Cleanup { req } => {
+                let req = u64::from(*req) % self.requests;
+                self.table.cleanup(&req);
+                self.spec.cleanup(req);
+            }
+        }
+        check_state(&self.table, &self.spec)
+    }
+
+    /// Cleans every request up and answers every group: nothing may remain.
+    pub fn finish(&mut self) -> Result<(), String> {
+        self.flush()?;
+        for req in 0..self.requests {
+            self.table.cleanup(&req);
+            self.spec.cleanup(req);
+        }
+        while !self.unanswered.is_empty() {
+            let len = self.unanswered[0].len();
+            self.answer(0, vec![true; len])?;
+        }
+        check_state(&self.table, &self.spec)?;
+        if !self.table.is_empty() {
+            return Err(format!("{} keys leaked", self.table.len()));
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        let expected = self.spec.take_submission();
+        let real: Vec<Group<Key, Req>> = self
+            .table
+            .take_submission()
+            .map(|s| s.into_groups())
+            .unwrap_or_default();
+        let seen: Vec<(Req, Vec<Key>)> = real
+            .iter()
+            .map(|g| (*g.request(), g.keys().to_vec()))
+            .collect();
+        let wanted: Vec<(Req, Vec<Key>)> = expected
+            .iter()
+            .map(|(r, entries)| (*r, entries.iter().map(|(k, _)| *k).collect()))
+            .collect();
+        if seen != wanted {
+            return Err(format!("submission {seen:?}, specification {wanted:?}"));
+        }
+        self.unanswered.extend(real);
+        Ok(())
+    }
+
+    /// Answers one unanswered group; `answers` may be short (the rest miss)
+    /// or long (the surplus is ignored).
+    fn answer(&mut self, index: usize, answers: Vec<bool>) -> Result<(), String> {
+        let group = self.unanswered.remove(index);
+        let result = group.answered(answers.iter().copied());
+        // The specification's answer for key i: answer i if given, else a miss.
+        let entries: Vec<(Key, u64, bool)> = result
+            .entries()
+            .enumerate()
+            .map(|(i, (key, generation, found))| {
+                let expected = answers.get(i).copied().unwrap_or(false);
+                (*key, generation.get(), found == expected)
+            })
+            .collect();
+        if let Some((key, ..)) = entries.iter().find(|(_, _, agrees)| !agrees) {
+            return Err(format!("answers {answers:?}: key {key} got the wrong one"));
+        }
+        self.table.apply(result);
+        for (i, (key, generation, _)) in entries.into_iter().enumerate() {
+            self.spec
+                .apply(key, generation, answers.get(i).copied().unwrap_or(false));
+        }
+        Ok(())
+    }
+}

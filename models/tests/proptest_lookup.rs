@@ -1,0 +1,230 @@
+//! proptest state-machine test: random operation sequences applied to the
+//! real [`LookupTable`](kvtier::LookupTable) and to the specification,
+//! compared after every step. A failure shrinks to a minimal sequence.
+//!
+//! The reference state machine is the specification plus the groups it has
+//! submitted and not yet had answered, and the hit tickets it has handed out.
+//! Answers arrive in any order, may be short, and carry any contents.
+//!
+//! Run: `cargo test -p kvtier-models --release --test proptest_lookup`;
+//! more cases: `PROPTEST_CASES=100000`.
+
+use kvtier::{Group, Ticket, Verdict};
+use kvtier_models::conformance::{Table, check_state, check_verdict};
+use kvtier_models::reference::{Expected, Key, ModelGroup, Phase, Reference, Req};
+use proptest::prelude::*;
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
+
+/// Small domains, so keys are shared, reused and cleaned up often.
+const KEYS: Key = 6;
+const REQUESTS: Req = 4;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Lookup {
+        key: Key,
+        req: Req,
+    },
+    Flush,
+    /// Answers the `group`-th unanswered group with `found` (short or long).
+    Answer {
+        group: usize,
+        found: Vec<bool>,
+    },
+    /// `mark_miss` with the `ticket`-th hit ticket handed out.
+    MarkMiss {
+        ticket: usize,
+    },
+    MarkMissKeys {
+        keys: Vec<Key>,
+    },
+    Cleanup {
+        req: Req,
+    },
+}
+
+#[derive(Clone, Debug, Default)]
+struct Model {
+    spec: Reference,
+    unanswered: Vec<ModelGroup>,
+    /// (key, generation) of every hit handed out, in order.
+    tickets: Vec<(Key, u64)>,
+}
+
+/// What a lookup of `key` answers in this (post-lookup) state.
+fn verdict_of(spec: &Reference, key: Key) -> Expected {
+    let state = &spec.keys[&key];
+    match state.phase {
+        Phase::Pending | Phase::InFlight => Expected::Pending,
+        Phase::Resolved(true) => Expected::Hit(state.generation),
+        Phase::Resolved(false) => Expected::Miss,
+    }
+}
+
+struct LookupMachine;
+
+impl ReferenceStateMachine for LookupMachine {
+    type State = Model;
+    type Transition = Op;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        Just(Model::default()).boxed()
+    }
+
+    fn transitions(state: &Model) -> BoxedStrategy<Op> {
+        let groups = state.unanswered.len().max(1);
+        let tickets = state.tickets.len().max(1);
+        prop_oneof![
+            6 => (0..KEYS, 0..REQUESTS).prop_map(|(key, req)| Op::Lookup { key, req }),
+            2 => Just(Op::Flush),
+            3 => (0..groups, prop::collection::vec(any::<bool>(), 0..5))
+                .prop_map(|(group, found)| Op::Answer { group, found }),
+            1 => (0..tickets).prop_map(|ticket| Op::MarkMiss { ticket }),
+            1 => prop::collection::vec(0..KEYS, 0..3).prop_map(|keys| Op::MarkMissKeys { keys }),
+            2 => (0..REQUESTS).prop_map(|req| Op::Cleanup { req }),
+        ]
+        .boxed()
+    }
+
+    fn preconditions(state: &Model, op: &Op) -> bool {
+        match op {
+            Op::Answer { group, .. } => *group < state.unanswered.len(),
+            Op::MarkMiss { ticket } => *ticket < state.tickets.len(),
+            _ => true,
+        }
+    }
+
+    fn apply(mut state: Model, op: &Op) -> Model {
+        match op {
+            Op::Lookup { key, req } => {
+                if let Expected::Hit(generation) = state.spec.lookup(*key, *req) {
+                    state.tickets.push((*key, generation));
+                }
+            }
+            Op::Flush => {
+                let groups = state.spec.take_submission();
+                state.unanswered.extend(groups);
+            }
+            Op::Answer { group, found } => {
+                let (_, entries) = state.unanswered.remove(*group);
+                for (i, (key, generation)) in entries.into_iter().enumerate() {
+                    let found = found.get(i).copied().unwrap_or(false);
+                    state.spec.apply(key, generation, found);
+                }
+            }
+            Op::MarkMiss { ticket } => {
+                let (key, generation) = state.tickets[*ticket];
+                state.spec.mark_miss(key, generation);
+            }
+            Op::MarkMissKeys { keys } => {
+                state.spec.mark_miss_keys(keys);
+            }
+            Op::Cleanup { req } => state.spec.cleanup(*req),
+        }
+        state
+    }
+}
+
+struct Sut {
+    table: Table,
+    unanswered: Vec<Group<Key, Req>>,
+    tickets: Vec<Ticket<Key>>,
+}
+
+struct TableTest;
+
+impl StateMachineTest for TableTest {
+    type SystemUnderTest = Sut;
+    type Reference = LookupMachine;
+
+    fn init_test(_: &Model) -> Sut {
+        Sut {
+            table: Table::new(),
+            unanswered: Vec::new(),
+            tickets: Vec::new(),
+        }
+    }
+
+    fn apply(mut sut: Sut, model: &Model, op: Op) -> Sut {
+        match op {
+            Op::Lookup { key, req } => {
+                let verdict = sut.table.lookup(&key, &req);
+                if let Err(why) = check_verdict(&verdict, verdict_of(&model.spec, key)) {
+                    panic!("lookup({key}, {req}): {why}");
+                }
+                if let Verdict::Hit(ticket) = verdict {
+                    sut.tickets.push(ticket);
+                }
+            }
+            Op::Flush => {
+                let groups = sut
+                    .table
+                    .take_submission()
+                    .map(|s| s.into_groups())
+                    .unwrap_or_default();
+                sut.unanswered.extend(groups);
+                let real: Vec<(Req, Vec<Key>)> = sut
+                    .unanswered
+                    .iter()
+                    .map(|g| (*g.request(), g.keys().to_vec()))
+                    .collect();
+                let expected: Vec<(Req, Vec<Key>)> = model
+                    .unanswered
+                    .iter()
+                    .map(|(req, entries)| (*req, entries.iter().map(|&(k, _)| k).collect()))
+                    .collect();
+                assert_eq!(real, expected, "unanswered groups after the flush");
+            }
+            Op::Answer { group, found } => {
+                let group = sut.unanswered.remove(group);
+                sut.table.apply(group.answered(found));
+            }
+            Op::MarkMiss { ticket } => {
+                let ticket = sut.tickets[ticket].clone();
+                sut.table.mark_miss(&ticket);
+            }
+            Op::MarkMissKeys { keys } => {
+                sut.table.mark_miss_keys(&keys);
+            }
+            Op::Cleanup { req } => sut.table.cleanup(&req),
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, model: &Model) {
+        if let Err(why) = check_state(&sut.table, &model.spec) {
+            panic!("{why}");
+        }
+        assert_eq!(sut.tickets.len(), model.tickets.len(), "hits handed out");
+    }
+
+    fn teardown(mut sut: Sut, model: Model) {
+        // Liveness at the end of every sequence: answer everything still in
+        // flight, end every request: nothing may remain.
+        let _ = model;
+        if let Some(submission) = sut.table.take_submission() {
+            sut.unanswered.extend(submission.into_groups());
+        }
+        for group in sut.unanswered.drain(..) {
+            sut.table.apply(group.failed());
+        }
+        for req in 0..REQUESTS {
+            sut.table.cleanup(&req);
+        }
+        assert!(sut.table.is_empty(), "{} keys leaked", sut.table.len());
+        assert_eq!(sut.table.stats().anomalies, 0);
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES overrides, as it does for proptest's default.
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(1024),
+        max_shrink_iters: 20_000,
+        failure_persistence: None,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_table_follows_the_specification_step_by_step(sequential 1..80 => TableTest);
+}
