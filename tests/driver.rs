@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::mpsc::channel;
 
-use common::{Call, Harness, req};
+use common::{Call, Harness, next_call, req};
 use kvtier::{AsyncLookup, LookupBackend, LookupError, Verdict};
 
 #[test]
@@ -60,9 +60,9 @@ fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
     lookup.lookup(&1, &req("fast")).unwrap();
     lookup.lookup(&2, &req("slow")).unwrap();
     lookup.flush().unwrap();
-    assert_eq!(harness.started.recv().unwrap().request, "fast");
+    assert_eq!(next_call(&harness.started).request, "fast");
     // The worker publishes "fast" before it calls the backend for "slow".
-    assert_eq!(harness.started.recv().unwrap().request, "slow");
+    assert_eq!(next_call(&harness.started).request, "slow");
     assert!(lookup.lookup(&1, &req("fast")).unwrap().is_hit());
     assert!(lookup.lookup(&2, &req("slow")).unwrap().is_pending());
     release_slow.send(()).unwrap();
@@ -82,14 +82,14 @@ fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
     lookup.flush().unwrap();
     lookup.lookup(&8, &req("b")).unwrap();
     lookup.flush().unwrap(); // the step's last flush
-    assert_eq!(harness.started.recv().unwrap().request, "a");
+    assert_eq!(next_call(&harness.started).request, "a");
     assert!(
         lookup.lookup(&7, &req("a")).unwrap().is_pending(),
         "first lookup after the flush"
     );
     release.send(()).unwrap();
     // b's call starts only after a's answer was published.
-    assert_eq!(harness.started.recv().unwrap().request, "b");
+    assert_eq!(next_call(&harness.started).request, "b");
     assert!(
         lookup.lookup(&7, &req("a")).unwrap().is_hit(),
         "second lookup, same step"
@@ -119,7 +119,7 @@ fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&5, &req("a")).unwrap();
     lookup.flush().unwrap();
-    harness.started.recv().unwrap();
+    next_call(&harness.started);
     lookup.cleanup(&req("a")).unwrap();
     assert!(lookup.lookup(&5, &req("b")).unwrap().is_pending());
     assert_eq!(lookup.flush().unwrap(), 0, "b joins a's probe");
@@ -136,7 +136,7 @@ fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
     let mut lookup = AsyncLookup::new(harness.backend).unwrap();
     lookup.lookup(&5, &req("a")).unwrap();
     lookup.flush().unwrap();
-    harness.started.recv().unwrap();
+    next_call(&harness.started);
     lookup.cleanup(&req("a")).unwrap();
     release.send(()).unwrap();
     lookup.wait_idle().unwrap();
@@ -154,7 +154,7 @@ fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
     lookup.lookup(&9, &req("a")).unwrap();
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
-    assert_eq!(harness.started.recv().unwrap().request, "a");
+    assert_eq!(next_call(&harness.started).request, "a");
     let Verdict::Hit(ticket) = lookup.lookup(&9, &req("a")).unwrap() else {
         panic!("9 is stored")
     };
@@ -162,7 +162,7 @@ fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
     lookup.cleanup(&req("a")).unwrap();
     lookup.lookup(&9, &req("b")).unwrap();
     lookup.flush().unwrap();
-    assert_eq!(harness.started.recv().unwrap().request, "b");
+    assert_eq!(next_call(&harness.started).request, "b");
     // The gen-0 load fails now, while gen 1 is in flight.
     assert!(!lookup.mark_miss(&ticket).unwrap());
     assert_eq!(lookup.mark_miss_keys([&9]).unwrap(), 0);
@@ -289,7 +289,7 @@ fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
     lookup.flush().unwrap();
     lookup.lookup(&2, &req("s2")).unwrap();
     lookup.flush().unwrap();
-    harness.started.recv().unwrap(); // s1 in flight, s2 queued
+    next_call(&harness.started); // s1 in flight, s2 queued
     release.send(()).unwrap();
     lookup.shutdown().unwrap();
     assert_eq!(
@@ -347,8 +347,8 @@ fn drain_applies_published_answers_without_a_lookup() {
     lookup.lookup(&5, &req("b")).unwrap();
     lookup.flush().unwrap();
     // Both calls started; the first one was published before the second began.
-    harness.started.recv().unwrap();
-    harness.started.recv().unwrap();
+    next_call(&harness.started);
+    next_call(&harness.started);
     assert!(lookup.drain().unwrap() >= 1);
     assert_eq!(
         lookup.table().key_state(&4).unwrap().phase,

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::fmt::Display;
 use std::panic::{self, AssertUnwindSafe};
 
-use super::submission::{Group, GroupResult, collect_answers};
+use super::submission::{Group, GroupOutcome, GroupResult, collect_answers};
 use super::types::Request;
 
 /// A tier that can say whether it holds blocks, one request group at a time.
@@ -80,44 +80,45 @@ where
             Err(error) => Err(error.to_string()),
         }
     }));
-    match call {
+    // Each fault is logged where its outcome is decided, so the log and the
+    // counters the table keeps from the outcome cannot disagree.
+    let request = group.request().id();
+    let outcome = match call {
         Ok(Ok(surplus)) => {
-            if found.len() < limit {
-                tracing::warn!(
-                    request = ?group.request().id(),
+            let outcome = GroupOutcome::of_answers(found.len(), limit, surplus);
+            match outcome {
+                GroupOutcome::Short { answered } => tracing::warn!(
+                    ?request,
                     keys = limit,
-                    answered = found.len(),
+                    answered,
                     "backend gave fewer answers than keys; the rest are misses"
-                );
-            } else if surplus {
-                tracing::warn!(
-                    request = ?group.request().id(),
+                ),
+                GroupOutcome::Surplus => tracing::warn!(
+                    ?request,
                     keys = limit,
                     "backend gave more answers than keys; the surplus is ignored"
-                );
+                ),
+                _ => {}
             }
-            group.collected(found, surplus)
+            outcome
         }
         Ok(Err(error)) => {
             tracing::warn!(
-                request = ?group.request().id(),
-                keys = limit,
-                %error,
+                ?request, keys = limit, %error,
                 "backend lookup failed; the group's keys are misses"
             );
-            group.failed()
+            GroupOutcome::BackendError
         }
         Err(payload) => {
+            let answered = found.len().min(limit);
             tracing::error!(
-                request = ?group.request().id(),
-                keys = limit,
-                answered = found.len(),
-                panic = %panic_message(payload.as_ref()),
+                ?request, keys = limit, answered, panic = %panic_message(payload.as_ref()),
                 "backend panicked; unanswered keys are misses"
             );
-            group.panicked(found)
+            GroupOutcome::BackendPanic { answered }
         }
-    }
+    };
+    group.finish(found, outcome)
 }
 
 /// The text of a panic payload, when it has one.
@@ -128,5 +129,20 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         text.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+
+    #[test]
+    fn panic_messages_are_read_from_str_and_string_payloads() {
+        let text = std::panic::catch_unwind(|| panic!("backend gone")).unwrap_err();
+        assert_eq!(panic_message(text.as_ref()), "backend gone");
+        let formatted = std::panic::catch_unwind(|| panic!("backend {} gone", 7)).unwrap_err();
+        assert_eq!(panic_message(formatted.as_ref()), "backend 7 gone");
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert_eq!(panic_message(other.as_ref()), "non-string panic payload");
     }
 }

@@ -81,15 +81,7 @@ impl<K, R> Group<K, R> {
 
     /// The result for answers already pulled by [`collect_answers`].
     pub(crate) fn collected(self, found: Vec<bool>, surplus: bool) -> GroupResult<K> {
-        let outcome = if found.len() < self.len() {
-            GroupOutcome::Short {
-                answered: found.len(),
-            }
-        } else if surplus {
-            GroupOutcome::Surplus
-        } else {
-            GroupOutcome::Answered
-        };
+        let outcome = GroupOutcome::of_answers(found.len(), self.len(), surplus);
         self.finish(found, outcome)
     }
 
@@ -98,14 +90,9 @@ impl<K, R> Group<K, R> {
         self.finish(Vec::new(), GroupOutcome::BackendError)
     }
 
-    /// The result for a group whose backend panicked after giving `found`
-    /// answers: those stand, every other key is a miss.
-    pub(crate) fn panicked(self, found: Vec<bool>) -> GroupResult<K> {
-        let answered = found.len().min(self.len());
-        self.finish(found, GroupOutcome::BackendPanic { answered })
-    }
-
-    fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
+    /// The result with the given answers and outcome; missing answers are
+    /// misses, surplus ones are dropped.
+    pub(crate) fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
         // Every key gets exactly one answer: a key left without one would
         // stay in flight forever (the reference's `zip` defect).
         found.resize(self.keys.len(), false);
@@ -156,6 +143,20 @@ pub enum GroupOutcome {
         /// Answers received before the panic.
         answered: usize,
     },
+}
+
+impl GroupOutcome {
+    /// The outcome of a call that returned answers: `answered` of `keys`
+    /// received, and whether there were more.
+    pub(crate) fn of_answers(answered: usize, keys: usize, surplus: bool) -> Self {
+        if answered < keys {
+            Self::Short { answered }
+        } else if surplus {
+            Self::Surplus
+        } else {
+            Self::Answered
+        }
+    }
 }
 
 /// The answers for one group, ready to be applied to the table.

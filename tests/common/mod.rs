@@ -68,6 +68,15 @@ impl LookupBackend<u64, String> for GatedBackend {
     }
 }
 
+/// The next backend call reported on `started`. Waits at most 20 s (not
+/// synchronisation: a test whose worker never calls the backend fails instead
+/// of hanging).
+pub fn next_call(started: &Receiver<Call>) -> Call {
+    started
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the worker never called the backend")
+}
+
 /// Owned request ids for readability: `req("a")`.
 pub fn req(id: &str) -> String {
     id.to_owned()
