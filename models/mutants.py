@@ -206,7 +206,9 @@ def mutate(mutation, tree):
     """Writes the mutated file into the scratch tree; returns the original
     text, or None when the text to mutate is not found exactly once."""
     path = os.path.join(tree, mutation.file)
-    original = open(os.path.join(ROOT, mutation.file)).read()
+    # From the scratch copy, not the working tree: the tree may be edited
+    # while a long run goes on.
+    original = open(path).read()
     text = original
     for old, new in mutation.edits:
         if text.count(old) != 1:

@@ -355,3 +355,47 @@ fn drain_applies_published_answers_without_a_lookup() {
         kvtier::Phase::Resolved { found: true }
     );
 }
+
+/// A request whose id panics on the worker thread: a hostile `Request` impl
+/// is the one way (besides a kvtier bug) to kill the worker, since backend
+/// panics are caught.
+#[derive(Clone, Debug)]
+struct PanicsOnTheWorker(u64);
+
+impl kvtier::Request for PanicsOnTheWorker {
+    type Id = u64;
+
+    fn id(&self) -> &u64 {
+        if std::thread::current().name() == Some("kvtier-lookup") {
+            panic!("request id read on the worker");
+        }
+        &self.0
+    }
+}
+
+#[test]
+fn a_lost_worker_is_reported_instead_of_hanging_the_scheduler() {
+    let backend = |keys: &[u64], _request: &PanicsOnTheWorker| vec![true; keys.len()];
+    let mut lookup = AsyncLookup::new(backend).unwrap();
+    lookup.lookup(&1, &PanicsOnTheWorker(7)).unwrap();
+    lookup.flush().unwrap();
+    // The worker dies on this group; waiting for it must end with an error.
+    assert!(matches!(
+        lookup.wait_idle(),
+        Err(LookupError::WorkerLost(_))
+    ));
+    lookup.lookup(&2, &PanicsOnTheWorker(7)).unwrap();
+    assert!(matches!(lookup.flush(), Err(LookupError::WorkerLost(_))));
+    // Shutdown joins the dead worker and reports its panic.
+    match lookup.shutdown() {
+        Err(LookupError::WorkerLost(reason)) => {
+            assert!(reason.contains("request id read on the worker"), "{reason}")
+        }
+        other => panic!("expected WorkerLost, got {other:?}"),
+    }
+    // The lost group's key stays in flight (documented on WorkerLost).
+    assert_eq!(
+        lookup.table().key_state(&1).unwrap().phase,
+        kvtier::Phase::InFlight
+    );
+}

@@ -182,6 +182,9 @@ impl Lockstep {
         if seen != wanted {
             return Err(format!("submission {seen:?}, specification {wanted:?}"));
         }
+        if real.iter().any(Group::is_empty) {
+            return Err(format!("an empty group was submitted: {seen:?}"));
+        }
         self.unanswered.extend(real);
         Ok(())
     }

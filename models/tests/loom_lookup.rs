@@ -248,3 +248,45 @@ fn shutdown_with_work_queued_and_in_flight_serves_it_all_and_joins() {
         assert_eq!(stats.keys_submitted, 3);
     });
 }
+
+#[test]
+fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
+    explore("seed_000_a_finished_group_is_visible", || {
+        // The backend's call for request 20 waits until the scheduler has
+        // seen request 10's answer: that can only end if group 10 is
+        // published before group 20 is done. (Test-side loom primitives: the
+        // backend is the test's, not kvtier's.)
+        let seen =
+            loom::sync::Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let backend_seen = seen.clone();
+        let backend = move |keys: &[u64], request: &u64| {
+            if *request == 20 {
+                let (lock, signal) = &*backend_seen;
+                let mut ok = lock.lock().unwrap();
+                while !*ok {
+                    ok = signal.wait(ok).unwrap();
+                }
+            }
+            keys.iter().map(|key| key % 2 == 0).collect::<Vec<bool>>()
+        };
+        let mut lookup = kvtier::AsyncLookup::new(backend).unwrap();
+        lookup.lookup(&2, &10).unwrap();
+        lookup.lookup(&3, &20).unwrap();
+        assert_eq!(lookup.flush().unwrap(), 2);
+        // A scheduler's steps: ask again until group 10's answer is in.
+        while !lookup.lookup(&2, &10).unwrap().is_hit() {
+            loom::thread::yield_now();
+        }
+        let state = |key: u64| lookup.table().key_state(&key).map(|s| s.phase);
+        assert_eq!(state(3), Some(Phase::InFlight), "group 20 is still probing");
+        let (lock, signal) = &*seen;
+        *lock.lock().unwrap() = true;
+        signal.notify_one();
+        lookup.cleanup(&10).unwrap();
+        lookup.cleanup(&20).unwrap();
+        lookup.shutdown().unwrap();
+        let stats = lookup.stats();
+        assert_eq!((stats.groups_applied, stats.anomalies), (2, 0));
+        assert!(lookup.table().is_empty());
+    });
+}

@@ -73,7 +73,7 @@ fn random_faults(rng: &mut impl Rng) -> Vec<Fault> {
 /// Several steps of four live requests over sixteen keys. Each request asks
 /// for a shared prefix and a few keys of its own; between lookups the
 /// scheduler sometimes drains, marks a seen hit as a failed load (by ticket
-/// or by key); after each flush one or two requests end and are replaced by
+/// or by key), or ends a request and starts a new one; after each flush one or two requests end and are replaced by
 /// new ones, which look up keys the old ones held (key reuse, joins of
 /// in-flight probes, fresh generations).
 fn scheduler_workload() {
@@ -86,12 +86,12 @@ fn scheduler_workload() {
         let prefix: Vec<Key> = (0..rng.gen_range(1..4))
             .map(|_| rng.gen_range(0..KEYS))
             .collect();
-        for &request in &live {
+        for slot in 0..live.len() {
             let own = rng.gen_range(1..4);
             let mut keys = prefix.clone();
             keys.extend((0..own).map(|_| rng.gen_range(0..KEYS)));
             for key in keys {
-                match rng.gen_range(0..12) {
+                match rng.gen_range(0..14) {
                     0 => {
                         driver.drain();
                     }
@@ -101,9 +101,18 @@ fn scheduler_workload() {
                     2 => {
                         driver.mark_miss_keys(&[key]);
                     }
+                    3 => {
+                        // A request ends mid-step (before the flush) and a
+                        // new one takes its place: its pending keys go, and
+                        // may be looked up again under a new generation.
+                        let gone = rng.gen_range(0..live.len());
+                        driver.cleanup(live[gone]);
+                        live[gone] = next_request;
+                        next_request += 1;
+                    }
                     _ => {}
                 }
-                driver.lookup(key, request);
+                driver.lookup(key, live[slot]);
             }
         }
         driver.flush();
