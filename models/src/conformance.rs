@@ -27,8 +27,9 @@ pub fn check_verdict(real: &Verdict<Key>, expected: Expected) -> Result<(), Stri
 
 /// Checks that the table tracks exactly the specification's keys, each in
 /// the same generation and phase with the same number of requesters, the same
-/// live requests, the counters the specification determines, no anomaly, and
-/// intact internal invariants.
+/// live requests, every counter the specification determines (lookups and
+/// their verdicts, submissions, stale answers, orphans, marked misses), no
+/// anomaly, and intact internal invariants.
 pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
     table.check_invariants()?;
     if table.len() != spec.keys.len() {
@@ -64,19 +65,33 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         ));
     }
     let stats = table.stats();
-    let counts = (
+    let counts = [
+        stats.lookups,
+        stats.hits,
+        stats.misses,
+        stats.pending,
+        stats.keys_submitted,
+        stats.groups_submitted,
         stats.stale_results,
         stats.orphans_dropped,
         stats.marked_miss,
-    );
-    let expected = (
-        spec.counts.stale_results,
-        spec.counts.orphans_dropped,
-        spec.counts.marked_miss,
-    );
+    ];
+    let c = spec.counts;
+    let expected = [
+        c.lookups,
+        c.hits,
+        c.misses,
+        c.pending,
+        c.keys_submitted,
+        c.groups_submitted,
+        c.stale_results,
+        c.orphans_dropped,
+        c.marked_miss,
+    ];
     if counts != expected {
         return Err(format!(
-            "(stale, orphans, marked miss): table {counts:?}, specification {expected:?}"
+            "counters (lookups, hits, misses, pending, keys submitted, groups submitted, \
+             stale, orphans, marked miss): table {counts:?}, specification {expected:?}"
         ));
     }
     if stats.anomalies != 0 {

@@ -52,6 +52,18 @@ pub type ModelGroup = (Req, Vec<(Key, u64)>);
 /// Counters the specification determines.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ModelCounts {
+    /// Lookups, and how each was answered.
+    pub lookups: u64,
+    /// Lookups answered with a hit.
+    pub hits: u64,
+    /// Lookups answered with a miss.
+    pub misses: u64,
+    /// Lookups answered "pending".
+    pub pending: u64,
+    /// Keys submitted.
+    pub keys_submitted: u64,
+    /// Groups submitted.
+    pub groups_submitted: u64,
     /// Answers dropped for a missing key or another generation.
     pub stale_results: u64,
     /// Answers that removed an orphaned in-flight key.
@@ -96,11 +108,18 @@ impl Reference {
         }
         let state = self.keys.get_mut(&key).expect("inserted above");
         state.requesters.insert(req);
-        match state.phase {
+        let expected = match state.phase {
             Phase::Pending | Phase::InFlight => Expected::Pending,
             Phase::Resolved(true) => Expected::Hit(state.generation),
             Phase::Resolved(false) => Expected::Miss,
+        };
+        self.counts.lookups += 1;
+        match expected {
+            Expected::Hit(_) => self.counts.hits += 1,
+            Expected::Miss => self.counts.misses += 1,
+            Expected::Pending => self.counts.pending += 1,
         }
+        expected
     }
 
     /// A flush: batch entries still current become in flight, grouped by
@@ -126,6 +145,8 @@ impl Reference {
             }
         }
         groups.retain(|(_, entries)| !entries.is_empty());
+        self.counts.groups_submitted += groups.len() as u64;
+        self.counts.keys_submitted += groups.iter().map(|(_, e)| e.len() as u64).sum::<u64>();
         groups
     }
 
