@@ -72,18 +72,37 @@ impl ReferenceStateMachine for LookupMachine {
     }
 
     fn transitions(state: &Model) -> BoxedStrategy<Op> {
-        let groups = state.unanswered.len().max(1);
-        let tickets = state.tickets.len().max(1);
-        prop_oneof![
-            6 => (0..KEYS, 0..REQUESTS).prop_map(|(key, req)| Op::Lookup { key, req }),
-            2 => Just(Op::Flush),
-            3 => (0..groups, prop::collection::vec(any::<bool>(), 0..5))
-                .prop_map(|(group, found)| Op::Answer { group, found }),
-            1 => (0..tickets).prop_map(|ticket| Op::MarkMiss { ticket }),
-            1 => prop::collection::vec(0..KEYS, 0..3).prop_map(|keys| Op::MarkMissKeys { keys }),
-            2 => (0..REQUESTS).prop_map(|req| Op::Cleanup { req }),
-        ]
-        .boxed()
+        // Answers and mark_miss only when there is something to answer or a
+        // ticket to use: generating them anyway would only be rejected.
+        let mut choices: Vec<(u32, BoxedStrategy<Op>)> = vec![
+            (
+                6,
+                (0..KEYS, 0..REQUESTS)
+                    .prop_map(|(key, req)| Op::Lookup { key, req })
+                    .boxed(),
+            ),
+            (2, Just(Op::Flush).boxed()),
+            (
+                1,
+                prop::collection::vec(0..KEYS, 0..3)
+                    .prop_map(|keys| Op::MarkMissKeys { keys })
+                    .boxed(),
+            ),
+            (2, (0..REQUESTS).prop_map(|req| Op::Cleanup { req }).boxed()),
+        ];
+        if !state.unanswered.is_empty() {
+            let answer = (
+                0..state.unanswered.len(),
+                prop::collection::vec(any::<bool>(), 0..5),
+            )
+                .prop_map(|(group, found)| Op::Answer { group, found });
+            choices.push((3, answer.boxed()));
+        }
+        if !state.tickets.is_empty() {
+            let mark = (0..state.tickets.len()).prop_map(|ticket| Op::MarkMiss { ticket });
+            choices.push((1, mark.boxed()));
+        }
+        prop::strategy::Union::new_weighted(choices).boxed()
     }
 
     fn preconditions(state: &Model, op: &Op) -> bool {

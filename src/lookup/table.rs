@@ -450,4 +450,55 @@ mod tests {
         table.apply(group.answered([true]));
         assert!(table.lookup(&5, &1).is_hit());
     }
+
+    /// A table with two requests sharing key 5 and request 2 holding key 6.
+    fn populated() -> LookupTable<u64, u64> {
+        let mut table = LookupTable::<u64, u64>::new();
+        table.lookup(&5, &1);
+        table.lookup(&5, &2);
+        table.lookup(&6, &2);
+        table.check_invariants().expect("a consistent table");
+        table
+    }
+
+    #[test]
+    fn check_invariants_reports_each_kind_of_corruption() {
+        // Corrupted by hand: the public API cannot produce any of these.
+        let mut table = populated();
+        table.requests.get_mut(&1).unwrap().keys.push(7);
+        assert!(table.check_invariants().unwrap_err().contains("no state"));
+
+        let mut table = populated();
+        table.states.get_mut(&6).unwrap().requesters.clear();
+        let error = table.check_invariants().unwrap_err();
+        assert!(error.contains("does not list it"), "{error}");
+
+        let mut table = populated();
+        table.requests.remove(&1);
+        let error = table.check_invariants().unwrap_err();
+        assert!(error.contains("lists unknown request"), "{error}");
+
+        let mut table = populated();
+        table.requests.remove(&1);
+        table
+            .states
+            .get_mut(&5)
+            .unwrap()
+            .requesters
+            .retain(|&id| id == 2);
+        table.states.get_mut(&6).unwrap().requesters.clear();
+        table
+            .requests
+            .get_mut(&2)
+            .unwrap()
+            .keys
+            .retain(|&key| key == 5);
+        let error = table.check_invariants().unwrap_err();
+        assert!(error.contains("no requesters"), "{error}");
+
+        let mut table = populated();
+        table.states.get_mut(&5).unwrap().requesters.push(2);
+        let error = table.check_invariants().unwrap_err();
+        assert!(error.contains("a duplicate"), "{error}");
+    }
 }

@@ -144,3 +144,29 @@ pub struct KeyState {
     /// How many live requests asked for the key (0 for an orphaned in-flight probe).
     pub requesters: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_verdict_answers_exactly_one_question() {
+        let hit = Verdict::Hit(Ticket {
+            key: 1u64,
+            generation: Generation(0),
+        });
+        let verdicts = [hit, Verdict::Miss, Verdict::Pending];
+        let answers: Vec<[bool; 3]> = verdicts
+            .iter()
+            .map(|v| [v.is_hit(), v.is_miss(), v.is_pending()])
+            .collect();
+        assert_eq!(
+            answers,
+            [
+                [true, false, false],
+                [false, true, false],
+                [false, false, true]
+            ]
+        );
+    }
+}
