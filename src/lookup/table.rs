@@ -451,6 +451,18 @@ mod tests {
         assert!(table.lookup(&5, &1).is_hit());
     }
 
+    #[test]
+    fn a_batched_key_that_is_not_pending_is_an_anomaly_and_not_submitted() {
+        let mut table = LookupTable::<u64, u64>::new();
+        table.lookup(&5, &1);
+        table.lookup(&6, &1);
+        // Corrupted by hand: only take_submission moves a state out of Pending.
+        table.states.get_mut(&5).unwrap().phase = Phase::Resolved { found: true };
+        let submission = table.take_submission().expect("key 6 is still new");
+        assert_eq!(submission.groups()[0].keys(), [6]);
+        assert_eq!(table.stats().anomalies, 1);
+    }
+
     /// A table with two requests sharing key 5 and request 2 holding key 6.
     fn populated() -> LookupTable<u64, u64> {
         let mut table = LookupTable::<u64, u64>::new();
