@@ -210,21 +210,6 @@ impl CheckedDriver {
         &self.driver
     }
 
-    /// The specification's state.
-    pub fn spec(&self) -> &Reference {
-        &self.spec
-    }
-
-    /// Hit tickets seen so far.
-    pub fn tickets(&self) -> &[Ticket<Key>] {
-        &self.tickets
-    }
-
-    /// Requests the specification considers live.
-    pub fn live_requests(&self) -> Vec<Req> {
-        self.spec.requests().into_iter().collect()
-    }
-
     /// Applies to the specification the groups the driver has applied since
     /// the last call, in submission order.
     fn catch_up(&mut self) {
