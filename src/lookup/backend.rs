@@ -134,7 +134,90 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::panic_message;
+    use super::*;
+    use crate::lookup::types::Generation;
+    use crate::sync::{Arc, Mutex};
+
+    /// Collects what the fmt subscriber writes.
+    #[derive(Clone)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Probes keys 1 and 2 for request 9 with `backend`; returns the outcome
+    /// and what was logged.
+    fn probe_logged(mut backend: impl LookupBackend<u64, u64>) -> (GroupOutcome, String) {
+        let mut group = Group::new(9u64);
+        group.keys = vec![1, 2];
+        group.generations = vec![Generation(0), Generation(1)];
+        let captured = Captured(Arc::new(Mutex::new(Vec::new())));
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let outcome = tracing::subscriber::with_default(subscriber, || {
+            probe_group(&mut backend, group).outcome()
+        });
+        let text = String::from_utf8(captured.0.lock().clone()).expect("utf-8 log");
+        (outcome, text)
+    }
+
+    #[test]
+    fn each_fault_is_logged_with_its_outcome_and_a_clean_answer_is_not() {
+        let (outcome, log) = probe_logged(|_: &[u64], _: &u64| vec![true, false]);
+        assert_eq!(outcome, GroupOutcome::Answered);
+        assert_eq!(log, "");
+
+        let (outcome, log) = probe_logged(|_: &[u64], _: &u64| vec![true]);
+        assert_eq!(outcome, GroupOutcome::Short { answered: 1 });
+        assert!(
+            log.contains("fewer answers than keys") && log.contains("WARN"),
+            "{log}"
+        );
+
+        let (outcome, log) = probe_logged(|_: &[u64], _: &u64| vec![true, true, true]);
+        assert_eq!(outcome, GroupOutcome::Surplus);
+        assert!(log.contains("more answers than keys"), "{log}");
+
+        let (outcome, log) =
+            probe_logged(|_: &[u64], _: &u64| -> Vec<bool> { panic!("disk on fire") });
+        assert_eq!(outcome, GroupOutcome::BackendPanic { answered: 0 });
+        assert!(
+            log.contains("backend panicked") && log.contains("disk on fire"),
+            "{log}"
+        );
+    }
+
+    struct Failing;
+
+    impl LookupBackend<u64, u64> for Failing {
+        type Answers = Vec<bool>;
+        type Error = &'static str;
+
+        fn batch_lookup(&mut self, _: &[u64], _: &u64) -> Result<Vec<bool>, &'static str> {
+            Err("bucket gone")
+        }
+    }
+
+    #[test]
+    fn a_backend_error_is_logged_with_its_text() {
+        let (outcome, log) = probe_logged(Failing);
+        assert_eq!(outcome, GroupOutcome::BackendError);
+        assert!(
+            log.contains("backend lookup failed") && log.contains("bucket gone"),
+            "{log}"
+        );
+    }
 
     #[test]
     fn panic_messages_are_read_from_str_and_string_payloads() {
