@@ -32,13 +32,20 @@
 
 #![warn(missing_docs)]
 
+mod fault;
 mod lookup;
 mod publish;
+mod save;
 mod sync;
 
 pub use lookup::{
     AsyncLookup, Generation, Group, GroupOutcome, GroupResult, KeyState, LookupBackend,
     LookupError, LookupTable, Phase, Request, Stats, Submission, Ticket, Verdict,
+};
+pub use save::{
+    Completer, CompletionMode, CompletionTask, MultiConnector, ReportAggregator, ReportError,
+    SaveScheduler, SaveStats, SaveStep, SaveTracker, SchedulerConnector, SchedulerSaveStats,
+    StoreTask, TaskError, TaskId, WorkerConnector,
 };
 
 /// Compiles and runs the README's example as a doctest.

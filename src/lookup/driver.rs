@@ -5,11 +5,12 @@
 use std::collections::VecDeque;
 use std::hash::Hash;
 
-use super::backend::{LookupBackend, panic_message, probe_group};
+use super::backend::{LookupBackend, probe_group};
 use super::stats::Stats;
 use super::submission::{GroupResult, Submission};
 use super::table::LookupTable;
 use super::types::{Request, Ticket, Verdict};
+use crate::fault::panic_message;
 use crate::publish::PublishStack;
 use crate::sync::{Arc, Condvar, Mutex, thread};
 

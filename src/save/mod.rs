@@ -1,0 +1,25 @@
+//! Deferred save completion with delayed block release.
+//!
+//! [`SaveScheduler`] (scheduler side) and [`SaveTracker`] (one per worker)
+//! implement the protocol; the tracker's bookkeeping is a sans-IO ledger and
+//! its only I/O is calling [`StoreTask::check`] / [`StoreTask::wait`].
+//! [`CompletionTask`] is a ready-made task completed from another thread;
+//! [`MultiConnector`] and [`ReportAggregator`] compose connectors and
+//! workers. See `docs/design.md` for the invariants S1–S6.
+
+mod completion;
+mod compose;
+mod ledger;
+mod scheduler;
+mod stats;
+mod task;
+mod tracker;
+
+pub use completion::{Completer, CompletionTask};
+pub use compose::{
+    MultiConnector, ReportAggregator, ReportError, SchedulerConnector, WorkerConnector,
+};
+pub use scheduler::{SaveScheduler, SaveStep, SchedulerSaveStats};
+pub use stats::SaveStats;
+pub use task::{StoreTask, TaskError, TaskId};
+pub use tracker::{CompletionMode, SaveTracker};

@@ -1,0 +1,299 @@
+//! The worker-side tracker: a [`SaveLedger`] plus the tasks it accounts for.
+
+use std::collections::HashMap;
+use std::fmt::{Debug, Display};
+use std::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
+
+use super::ledger::{Closed, Ended, SaveLedger};
+use super::scheduler::SaveStep;
+use super::stats::SaveStats;
+use super::task::{StoreTask, TaskId};
+use crate::fault::panic_message;
+
+/// How [`SaveTracker::get_finished`] treats finished requests whose saves are
+/// still running.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompletionMode {
+    /// Report the finished requests whose tasks are all complete; remember
+    /// the others and report each in a later call once its tasks are done.
+    /// `get_finished` never blocks.
+    #[default]
+    NonBlocking,
+    /// Wait for the tasks of the finished requests, then report them all (the
+    /// reference behaviour; `get_finished` blocks on the store).
+    Blocking,
+}
+
+/// One worker's deferred save completion.
+///
+/// Saves run asynchronously; a finished request's blocks may be released
+/// only after every save reading them is done. Each step the worker:
+///
+/// 1. calls [`begin_step`](Self::begin_step) with the scheduler's
+///    [`SaveStep`] — first, before any early return, so that every worker
+///    (including one that saves nothing itself) tracks the same requests;
+/// 2. [`submit`](Self::submit)s its save tasks (one per step, or one per
+///    layer), or calls [`submit_failed`](Self::submit_failed) when the store
+///    refuses one; neither blocks;
+/// 3. calls [`get_finished`](Self::get_finished) with the requests that
+///    finished, and hands the returned ids to the scheduler, which may now
+///    free their blocks.
+///
+/// [`handle_preemptions`](Self::handle_preemptions) is the fence run before
+/// the forward pass that may overwrite preempted requests' blocks, and
+/// [`poll`](Self::poll) reaps completed tasks at any time.
+///
+/// Every task is checked without blocking and waited exactly once; its
+/// handle is released when the task value is dropped, right after that wait.
+/// A failed submission, a failed wait and a timeout are counted and logged,
+/// and the request is still reported: its blocks never leak.
+///
+/// ```
+/// use kvtier::{SaveScheduler, SaveTracker, StoreTask, TaskError};
+///
+/// struct Instant; // a save the store completed at once
+/// impl StoreTask for Instant {
+///     fn check(&self) -> bool { true }
+///     fn wait(self) -> Result<(), TaskError> { Ok(()) }
+/// }
+///
+/// let mut scheduler = SaveScheduler::new();
+/// let mut worker = SaveTracker::new();
+///
+/// // Step 1: request 7 saves 4 blocks, request 8 saves none.
+/// let step = scheduler.record_step([(7u64, 4), (8, 0)]);
+/// worker.begin_step(&step);
+/// worker.submit(Instant, &[7]);
+///
+/// // Both finish: only 7 delays its free, and only 7 is reported.
+/// assert!(scheduler.request_finished(&7));
+/// assert!(!scheduler.request_finished(&8));
+/// assert_eq!(worker.get_finished(&[7, 8]), vec![7]);
+/// ```
+pub struct SaveTracker<R, T> {
+    ledger: SaveLedger<R>,
+    tasks: HashMap<TaskId, T>,
+    mode: CompletionMode,
+}
+
+impl<R, T> Default for SaveTracker<R, T>
+where
+    R: Eq + Hash + Clone + Debug,
+    T: StoreTask,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R, T> SaveTracker<R, T>
+where
+    R: Eq + Hash + Clone + Debug,
+    T: StoreTask,
+{
+    /// A tracker whose `get_finished` never blocks ([`CompletionMode::NonBlocking`]).
+    pub fn new() -> Self {
+        Self::with_mode(CompletionMode::NonBlocking)
+    }
+
+    /// A tracker with the given completion mode.
+    pub fn with_mode(mode: CompletionMode) -> Self {
+        Self {
+            ledger: SaveLedger::new(),
+            tasks: HashMap::new(),
+            mode,
+        }
+    }
+
+    /// The completion mode.
+    pub fn mode(&self) -> CompletionMode {
+        self.mode
+    }
+
+    /// Records the step's saving requests (from the scheduler's
+    /// [`SaveStep`]); their free stays delayed until this tracker reports them.
+    pub fn begin_step(&mut self, step: &SaveStep<R>) {
+        self.ledger.begin_step(step.requests());
+    }
+
+    /// Takes over a submitted task that reads the blocks of `requests`.
+    /// Never blocks; the task is reaped by a later [`poll`](Self::poll), or
+    /// waited for by a fence or a blocking `get_finished`.
+    pub fn submit(&mut self, task: T, requests: &[R]) -> TaskId {
+        let id = self.ledger.open_task(requests);
+        self.tasks.insert(id, task);
+        id
+    }
+
+    /// A save for `requests` that the store refused. Nothing reads their
+    /// blocks, so they are reported as soon as they finish. `error` (which
+    /// may own the refused task's handle) is logged and dropped here.
+    pub fn submit_failed(&mut self, requests: &[R], error: impl Display) {
+        self.ledger.submit_failed();
+        tracing::warn!(?requests, %error, "the store refused a save; the requests will be reported when they finish");
+    }
+
+    /// Reaps every task whose non-blocking check says it is complete; returns
+    /// how many.
+    pub fn poll(&mut self) -> usize {
+        let running: Vec<TaskId> = self.ledger.running().collect();
+        let mut reaped = 0;
+        for id in running {
+            let Some(task) = self.tasks.get(&id) else {
+                continue;
+            };
+            match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.close(id, Closed::Reaped);
+                    reaped += 1;
+                }
+                Err(payload) => {
+                    // Nothing says whether the I/O is over: wait for it.
+                    self.ledger.check_panicked();
+                    tracing::error!(task = %id, panic = %panic_message(payload.as_ref()), "a save task's check panicked; waiting for it");
+                    self.close(id, Closed::Waited);
+                }
+            }
+        }
+        reaped
+    }
+
+    /// Reports the finished requests whose saves are all done. `finished`
+    /// lists the requests that finished since the last call, each once;
+    /// requests that never saved are ignored.
+    ///
+    /// [`NonBlocking`](CompletionMode::NonBlocking): reaps completed tasks,
+    /// reports every finished request (from this call or an earlier one) none
+    /// of whose tasks is still running, and remembers the rest for a later
+    /// call. [`Blocking`](CompletionMode::Blocking): first waits for every
+    /// task reading a finished request's blocks (a task shared with
+    /// unfinished requests is waited once, whole), so all are reported now.
+    ///
+    /// Every returned id was recorded by a step, and no task reading its
+    /// blocks is still running; every recorded id is returned exactly once.
+    pub fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
+        self.ledger.finish(finished);
+        if self.mode == CompletionMode::Blocking {
+            for id in self.ledger.tasks_of_finishing() {
+                self.close(id, Closed::Waited);
+            }
+        }
+        self.poll();
+        let reported = self.ledger.take_reportable();
+        let newly_finished_left = finished
+            .iter()
+            .filter(|request| self.ledger.is_finishing(request))
+            .count();
+        self.ledger.defer(newly_finished_left);
+        reported
+    }
+
+    /// The preemption fence: waits for every task that reads blocks of a
+    /// `preempted` request, and for no other. When it returns, the scheduler
+    /// may overwrite those blocks. The requests stay tracked (a preempted
+    /// request resumes and finishes later). Returns how many tasks it waited.
+    pub fn handle_preemptions(&mut self, preempted: &[R]) -> usize {
+        let fenced = self.ledger.tasks_of(preempted);
+        for id in &fenced {
+            self.close(*id, Closed::Waited);
+        }
+        self.ledger.count_fence();
+        fenced.len()
+    }
+
+    /// Waits for every running task and reports every finished request; for
+    /// an orderly shutdown. Requests that have not finished stay tracked.
+    pub fn wait_all(&mut self) -> Vec<R> {
+        let running: Vec<TaskId> = self.ledger.running().collect();
+        for id in running {
+            self.close(id, Closed::Waited);
+        }
+        self.ledger.take_reportable()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> SaveStats {
+        self.ledger.stats()
+    }
+
+    /// Tasks submitted and not yet reaped or waited.
+    pub fn running_tasks(&self) -> usize {
+        self.ledger.running_count()
+    }
+
+    /// Requests recorded and not yet reported.
+    pub fn tracked_requests(&self) -> usize {
+        self.ledger.recorded_count()
+    }
+
+    /// Whether `request` delays its free on this worker: recorded by a step
+    /// and not reported yet.
+    pub fn is_tracked(&self, request: &R) -> bool {
+        self.ledger.is_recorded(request)
+    }
+
+    /// Finished requests waiting for their tasks, in the order they finished.
+    pub fn deferred_requests(&self) -> &[R] {
+        self.ledger.finishing()
+    }
+
+    /// The running tasks reading blocks of `request`, ascending.
+    pub fn tasks_of(&self, request: &R) -> Vec<TaskId> {
+        self.ledger.tasks_of([request])
+    }
+
+    /// Checks the tracker's internal consistency (every task accounted for
+    /// once, the reverse index exact); for tests and models.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.ledger.check_invariants()?;
+        if self.tasks.len() != self.ledger.running_count() {
+            return Err(format!(
+                "{} task values held for {} running tasks",
+                self.tasks.len(),
+                self.ledger.running_count()
+            ));
+        }
+        match self
+            .ledger
+            .running()
+            .find(|id| !self.tasks.contains_key(id))
+        {
+            Some(id) => Err(format!("{id} is running but its task value is gone")),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for (or, after a complete check, reaps) one task and closes it:
+    /// the task value is consumed by `wait`, which releases its handle.
+    fn close(&mut self, id: TaskId, how: Closed) {
+        let Some(task) = self.tasks.remove(&id) else {
+            unreachable!("S4: {id} is running in the ledger but its task value is gone");
+        };
+        let closed = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
+            Ok(outcome) => {
+                if let Err(error) = &outcome {
+                    tracing::warn!(task = %id, %error, "a save did not complete; its requests are still reported");
+                }
+                self.ledger.close_task(id, how, Ended::Returned(&outcome))
+            }
+            Err(payload) => {
+                tracing::error!(task = %id, panic = %panic_message(payload.as_ref()), "a save task's wait panicked; its requests are still reported");
+                self.ledger.close_task(id, how, Ended::Panicked)
+            }
+        };
+        debug_assert!(closed, "S4: {id} closed twice");
+    }
+}
+
+impl<R, T> Drop for SaveTracker<R, T> {
+    fn drop(&mut self) {
+        if !self.tasks.is_empty() {
+            tracing::warn!(
+                running = self.tasks.len(),
+                "a save tracker was dropped with running tasks; call wait_all first so no block is released while a save reads it"
+            );
+        }
+    }
+}

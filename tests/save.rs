@@ -1,0 +1,707 @@
+//! Behaviour of deferred save completion: one test per invariant S1–S6 of
+//! docs/design.md and per fault, on deterministic scripted store tasks (and
+//! real threads for `CompletionTask`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use kvtier::{
+    CompletionMode, CompletionTask, MultiConnector, ReportAggregator, ReportError, SaveScheduler,
+    SaveTracker, SchedulerConnector, StoreTask, TaskError, WorkerConnector,
+};
+
+/// How a scripted task ends when waited for.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    Ok,
+    Fails,
+    TimesOut,
+    PanicsInWait,
+    PanicsInCheck,
+}
+
+#[derive(Default)]
+struct Log {
+    /// Tasks whose I/O is still reading blocks.
+    running: HashSet<u64>,
+    /// Tasks waited for while their I/O was still running.
+    waited_running: Vec<u64>,
+    /// Every wait call, in order.
+    waits: Vec<u64>,
+    /// Handle releases per task.
+    released: HashMap<u64, u32>,
+    /// Blocks (request ids) read by each running task.
+    reads: HashMap<u64, Vec<u64>>,
+}
+
+/// A single-threaded store: the test decides when each task's I/O ends;
+/// waiting for a running task stands for blocking until its I/O ends.
+#[derive(Clone, Default)]
+struct Store {
+    log: Arc<Mutex<Log>>,
+    next: Arc<Mutex<u64>>,
+}
+
+struct Handle {
+    task: u64,
+    log: Arc<Mutex<Log>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        *self
+            .log
+            .lock()
+            .unwrap()
+            .released
+            .entry(self.task)
+            .or_default() += 1;
+    }
+}
+
+struct Task {
+    id: u64,
+    ending: Ending,
+    log: Arc<Mutex<Log>>,
+    _handle: Handle,
+}
+
+impl Store {
+    fn start(&self, requests: &[u64], ending: Ending) -> Task {
+        let id = {
+            let mut next = self.next.lock().unwrap();
+            *next += 1;
+            *next
+        };
+        let mut log = self.log.lock().unwrap();
+        log.running.insert(id);
+        log.reads.insert(id, requests.to_vec());
+        log.released.insert(id, 0);
+        drop(log);
+        Task {
+            id,
+            ending,
+            log: self.log.clone(),
+            _handle: Handle {
+                task: id,
+                log: self.log.clone(),
+            },
+        }
+    }
+
+    /// The store's I/O for `task` ends.
+    fn complete(&self, task: u64) {
+        self.log.lock().unwrap().running.remove(&task);
+    }
+
+    fn complete_all(&self) {
+        self.log.lock().unwrap().running.clear();
+    }
+
+    /// S1: no running task reads a block of `request`.
+    fn nothing_reads(&self, request: u64) -> bool {
+        let log = self.log.lock().unwrap();
+        log.running
+            .iter()
+            .all(|task| !log.reads[task].contains(&request))
+    }
+
+    fn is_running(&self, task: u64) -> bool {
+        self.log.lock().unwrap().running.contains(&task)
+    }
+
+    fn waits(&self) -> Vec<u64> {
+        self.log.lock().unwrap().waits.clone()
+    }
+
+    fn waited_running(&self) -> Vec<u64> {
+        self.log.lock().unwrap().waited_running.clone()
+    }
+
+    /// S4: every task started so far had its handle released exactly once.
+    fn every_handle_released_once(&self) -> bool {
+        let log = self.log.lock().unwrap();
+        log.released.values().all(|count| *count == 1)
+    }
+
+    fn released(&self, task: u64) -> u32 {
+        self.log.lock().unwrap().released[&task]
+    }
+}
+
+impl StoreTask for Task {
+    fn check(&self) -> bool {
+        if let Ending::PanicsInCheck = self.ending {
+            panic!("check of task {} panicked", self.id);
+        }
+        !self.log.lock().unwrap().running.contains(&self.id)
+    }
+
+    fn wait(self) -> Result<(), TaskError> {
+        {
+            let mut log = self.log.lock().unwrap();
+            log.waits.push(self.id);
+            if log.running.remove(&self.id) {
+                log.waited_running.push(self.id);
+            }
+        }
+        match self.ending {
+            Ending::Ok | Ending::PanicsInCheck => Ok(()),
+            Ending::Fails => Err(TaskError::failed("disk full")),
+            Ending::TimesOut => Err(TaskError::TimedOut),
+            Ending::PanicsInWait => panic!("wait of task {} panicked", self.id),
+        }
+    }
+}
+
+type Tracker = SaveTracker<u64, Task>;
+
+fn setup(mode: CompletionMode) -> (Store, SaveScheduler<u64>, Tracker) {
+    (
+        Store::default(),
+        SaveScheduler::new(),
+        SaveTracker::with_mode(mode),
+    )
+}
+
+#[test]
+fn s1_a_finished_request_is_reported_only_after_its_save_completed() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    let step = scheduler.record_step([(1, 4), (2, 4)]);
+    worker.begin_step(&step);
+    let task = store.start(&[1, 2], Ending::Ok);
+    let io = task.id;
+    worker.submit(task, &[1, 2]);
+
+    assert!(scheduler.request_finished(&1));
+    assert_eq!(
+        worker.get_finished(&[1]),
+        Vec::<u64>::new(),
+        "the save still reads 1's blocks"
+    );
+    assert_eq!(worker.deferred_requests(), &[1]);
+    assert_eq!(worker.stats().deferred, 1);
+    assert!(!store.nothing_reads(1));
+
+    store.complete(io);
+    // vLLM passes each finished id once: the tracker remembered 1.
+    assert_eq!(worker.get_finished(&[]), vec![1]);
+    assert!(store.nothing_reads(1));
+    assert!(
+        store.waited_running().is_empty(),
+        "non-blocking mode never waits on running I/O"
+    );
+    assert_eq!(worker.stats().tasks_reaped, 1);
+    assert!(store.every_handle_released_once());
+    worker.check_invariants().unwrap();
+}
+
+#[test]
+fn blocking_mode_waits_for_the_finished_requests_tasks_only() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::Blocking);
+    let step = scheduler.record_step([(1, 1), (2, 1)]);
+    worker.begin_step(&step);
+    let first = store.start(&[1], Ending::Ok);
+    let second = store.start(&[2], Ending::Ok);
+    let (first_id, second_id) = (first.id, second.id);
+    worker.submit(first, &[1]);
+    worker.submit(second, &[2]);
+
+    assert!(scheduler.request_finished(&1));
+    assert_eq!(worker.get_finished(&[1]), vec![1]);
+    assert_eq!(store.waited_running(), vec![first_id]);
+    assert!(
+        store.is_running(second_id),
+        "2 has not finished: its save is not waited"
+    );
+    assert_eq!(worker.stats().tasks_waited, 1);
+    assert_eq!(worker.stats().deferred, 0);
+}
+
+#[test]
+fn a_task_shared_by_several_requests_is_waited_once_and_counts_for_all() {
+    for mode in [CompletionMode::NonBlocking, CompletionMode::Blocking] {
+        let (store, mut scheduler, mut worker) = setup(mode);
+        let step = scheduler.record_step([(1, 2), (2, 2), (3, 2)]);
+        worker.begin_step(&step);
+        let shared = store.start(&[1, 2, 3], Ending::Ok);
+        let id = shared.id;
+        worker.submit(shared, &[1, 2, 3]);
+
+        let mut reported = worker.get_finished(&[1, 2]);
+        if mode == CompletionMode::NonBlocking {
+            assert!(reported.is_empty());
+            store.complete(id);
+            reported = worker.get_finished(&[]);
+        }
+        assert_eq!(reported, vec![1, 2], "{mode:?}");
+        assert_eq!(
+            store.waits(),
+            vec![id],
+            "{mode:?}: one wait for the shared task"
+        );
+        // 3 has not finished, but its save is over: reported at once later.
+        assert_eq!(worker.get_finished(&[3]), vec![3], "{mode:?}");
+        assert_eq!(store.waits(), vec![id], "{mode:?}");
+        assert!(store.every_handle_released_once());
+    }
+}
+
+#[test]
+fn s3_requests_that_never_saved_are_never_reported() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    // 2 is scheduled with an empty save range.
+    let step = scheduler.record_step([(1, 3), (2, 0)]);
+    assert_eq!(step.requests(), &[1]);
+    worker.begin_step(&step);
+    worker.submit(store.start(&[1], Ending::Ok), &[1]);
+    store.complete_all();
+
+    assert!(!scheduler.request_finished(&2));
+    assert!(!scheduler.request_finished(&9));
+    assert!(scheduler.request_finished(&1));
+    assert_eq!(worker.get_finished(&[2, 9, 1]), vec![1]);
+    assert_eq!(worker.stats().not_delayed, 2);
+}
+
+#[test]
+fn s2_each_request_is_reported_once_even_when_passed_again() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    let task = store.start(&[1], Ending::Ok);
+    let id = task.id;
+    worker.submit(task, &[1]);
+    assert!(worker.get_finished(&[1]).is_empty());
+    assert!(
+        worker.get_finished(&[1]).is_empty(),
+        "a repeated finish is not a second entry"
+    );
+    store.complete(id);
+    assert_eq!(worker.get_finished(&[1]), vec![1]);
+    assert!(worker.get_finished(&[1]).is_empty());
+    assert!(worker.get_finished(&[]).is_empty());
+    let stats = worker.stats();
+    // Passed again twice while finishing, once more after it was reported.
+    assert_eq!(
+        (stats.reported, stats.repeated_finishes, stats.not_delayed),
+        (1, 2, 1)
+    );
+}
+
+#[test]
+fn s5_preemption_waits_only_for_the_preempted_requests_tasks() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 1), (2, 1), (3, 1)]));
+    let a = store.start(&[1], Ending::Ok);
+    let ab = store.start(&[1, 2], Ending::Ok);
+    let c = store.start(&[3], Ending::Ok);
+    let (a_id, ab_id, c_id) = (a.id, ab.id, c.id);
+    worker.submit(a, &[1]);
+    worker.submit(ab, &[1, 2]);
+    worker.submit(c, &[3]);
+
+    assert_eq!(worker.handle_preemptions(&[2]), 1);
+    assert!(
+        store.nothing_reads(2),
+        "after the fence nothing reads 2's blocks"
+    );
+    assert_eq!(store.waits(), vec![ab_id]);
+    assert!(store.is_running(a_id) && store.is_running(c_id));
+
+    // Preemption does not report or forget: 2 is still delayed on both sides.
+    assert!(worker.is_tracked(&2) && scheduler.is_delayed(&2));
+    assert_eq!(
+        worker.handle_preemptions(&[2, 7]),
+        0,
+        "nothing left to fence"
+    );
+    assert_eq!(worker.stats().preemption_fences, 2);
+    assert!(scheduler.request_finished(&2));
+    assert_eq!(worker.get_finished(&[2]), vec![2]);
+}
+
+#[test]
+fn layer_wise_saves_are_one_task_per_layer_under_the_same_tracking() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 8)]));
+    let layers: Vec<u64> = (0..3)
+        .map(|_| {
+            let task = store.start(&[1], Ending::Ok);
+            let id = task.id;
+            worker.submit(task, &[1]);
+            id
+        })
+        .collect();
+    assert_eq!(worker.tasks_of(&1).len(), 3);
+    assert!(worker.get_finished(&[1]).is_empty());
+    for layer in &layers[..2] {
+        store.complete(*layer);
+        assert!(
+            worker.get_finished(&[]).is_empty(),
+            "a layer is still being saved"
+        );
+    }
+    store.complete(layers[2]);
+    assert_eq!(worker.get_finished(&[]), vec![1]);
+    assert_eq!(worker.stats().tasks_reaped, 3);
+}
+
+#[test]
+fn a_refused_submission_still_reports_the_request_and_releases_the_handle_once() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 2)]));
+    // The store refuses the task and hands its handle back inside the error.
+    let refused = store.start(&[1], Ending::Ok);
+    let id = refused.id;
+    store.complete(id);
+    worker.submit_failed(&[1], RefusedSave(refused));
+    assert_eq!(store.released(id), 1);
+    assert!(scheduler.request_finished(&1));
+    assert_eq!(
+        worker.get_finished(&[1]),
+        vec![1],
+        "its blocks must not leak"
+    );
+    assert_eq!(worker.stats().submit_failures, 1);
+    assert!(store.waits().is_empty(), "a refused task is never waited");
+}
+
+struct RefusedSave(#[allow(dead_code)] Task);
+
+impl std::fmt::Display for RefusedSave {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("queue full")
+    }
+}
+
+#[test]
+fn failed_timed_out_and_panicking_saves_are_counted_and_still_reported_once() {
+    for mode in [CompletionMode::NonBlocking, CompletionMode::Blocking] {
+        let (store, mut scheduler, mut worker) = setup(mode);
+        let endings = [
+            Ending::Fails,
+            Ending::TimesOut,
+            Ending::PanicsInWait,
+            Ending::PanicsInCheck,
+        ];
+        let requests: Vec<u64> = (1..=endings.len() as u64).collect();
+        worker.begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))));
+        for (request, ending) in requests.iter().zip(endings) {
+            worker.submit(store.start(&[*request], ending), &[*request]);
+        }
+        for request in &requests {
+            assert!(scheduler.request_finished(request));
+        }
+        store.complete_all();
+        let mut reported = worker.get_finished(&requests);
+        reported.sort_unstable();
+        assert_eq!(reported, requests, "{mode:?}");
+        let stats = worker.stats();
+        assert_eq!(stats.task_failures, 1, "{mode:?}");
+        assert_eq!(stats.task_timeouts, 1, "{mode:?}");
+        // A blocking get_finished waits without checking first.
+        let panics = if mode == CompletionMode::Blocking {
+            1
+        } else {
+            2
+        };
+        assert_eq!(
+            stats.task_panics, panics,
+            "{mode:?}: in wait, and in check unless blocking"
+        );
+        assert_eq!(stats.reported, 4, "{mode:?}");
+        assert!(store.every_handle_released_once(), "{mode:?}");
+        assert!(worker.get_finished(&requests).is_empty());
+        worker.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn an_abandoned_completion_task_is_reported_not_leaked() {
+    let mut scheduler = SaveScheduler::new();
+    let mut worker: SaveTracker<u64, CompletionTask<()>> = SaveTracker::new();
+    worker.begin_step(&scheduler.record_step([(5, 1)]));
+    let (task, completer) = CompletionTask::new(());
+    worker.submit(task, &[5]);
+    assert!(worker.get_finished(&[5]).is_empty());
+    std::thread::spawn(move || drop(completer)).join().unwrap();
+    assert_eq!(worker.get_finished(&[]), vec![5]);
+    assert_eq!(worker.stats().tasks_abandoned, 1);
+}
+
+#[test]
+fn completion_tasks_are_completed_from_io_threads_and_release_their_handle_once() {
+    let released = Arc::new(Mutex::new(Vec::new()));
+    struct Event(u64, Arc<Mutex<Vec<u64>>>);
+    impl Drop for Event {
+        fn drop(&mut self) {
+            self.1.lock().unwrap().push(self.0);
+        }
+    }
+
+    let mut scheduler = SaveScheduler::new();
+    let mut worker = SaveTracker::new();
+    let requests: Vec<u64> = (0..16).collect();
+    worker.begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))));
+    let mut io = Vec::new();
+    for request in &requests {
+        let (task, completer) = CompletionTask::new(Event(*request, released.clone()));
+        worker.submit(task, &[*request]);
+        let request = *request;
+        io.push(std::thread::spawn(move || {
+            if request % 3 == 0 {
+                completer.fail(TaskError::failed("device error"));
+            } else {
+                completer.succeed();
+            }
+        }));
+    }
+    // Preempting 0..4 waits for exactly their tasks, whatever the threads do.
+    assert_eq!(worker.handle_preemptions(&[0, 1, 2, 3]), 4);
+    for thread in io {
+        thread.join().unwrap();
+    }
+    let mut reported = Vec::new();
+    for request in &requests {
+        assert!(scheduler.request_finished(request));
+    }
+    reported.extend(worker.get_finished(&requests));
+    reported.sort_unstable();
+    assert_eq!(reported, requests);
+    let mut released = released.lock().unwrap().clone();
+    released.sort_unstable();
+    assert_eq!(
+        released, requests,
+        "each event handle released exactly once"
+    );
+    assert_eq!(worker.stats().task_failures, 6);
+}
+
+#[test]
+fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per_worker() {
+    let store = Store::default();
+    let mut scheduler = SaveScheduler::new();
+    let mut saving: Tracker = SaveTracker::new();
+    let mut idle: Tracker = SaveTracker::new();
+    let mut frees = ReportAggregator::new(2);
+
+    let step = scheduler.record_step([(1, 1), (2, 1)]);
+    saving.begin_step(&step);
+    idle.begin_step(&step); // records before its early return
+    let task = store.start(&[1, 2], Ending::Ok);
+    let id = task.id;
+    saving.submit(task, &[1, 2]);
+
+    for request in [1, 2] {
+        assert!(scheduler.request_finished(&request));
+        frees.expect(request);
+    }
+    assert_eq!(
+        frees.report(1, idle.get_finished(&[1, 2])).unwrap(),
+        Vec::<u64>::new()
+    );
+    assert_eq!(
+        frees.report(0, saving.get_finished(&[1, 2])).unwrap(),
+        Vec::<u64>::new()
+    );
+    assert!(frees.is_waiting(&1), "worker 0 still saves 1's blocks");
+    store.complete(id);
+    assert_eq!(
+        frees.report(1, idle.get_finished(&[])).unwrap(),
+        Vec::<u64>::new()
+    );
+    assert_eq!(
+        frees.report(0, saving.get_finished(&[])).unwrap(),
+        vec![1, 2]
+    );
+    assert_eq!(frees.waiting(), 0);
+}
+
+#[test]
+fn the_aggregator_rejects_duplicate_unexpected_and_out_of_range_reports() {
+    let mut frees = ReportAggregator::new(2);
+    assert!(frees.expect(1u64));
+    assert!(!frees.expect(1u64));
+    assert_eq!(
+        frees.report(2, [1]),
+        Err(ReportError::NoSuchWorker {
+            worker: 2,
+            workers: 2
+        })
+    );
+    assert_eq!(frees.report(0, [1]), Ok(vec![]));
+    assert_eq!(
+        frees.report(0, [1]),
+        Err(ReportError::Duplicate {
+            worker: 0,
+            request: 1
+        })
+    );
+    assert_eq!(
+        frees.report(1, [3]),
+        Err(ReportError::Unexpected {
+            worker: 1,
+            request: 3
+        })
+    );
+    assert_eq!(frees.report(1, [1]), Ok(vec![1]));
+    assert_eq!(
+        frees.report(1, [1]),
+        Err(ReportError::Unexpected {
+            worker: 1,
+            request: 1
+        })
+    );
+}
+
+/// A connector pair as a serving engine would hold it: the scheduler half
+/// and one worker's half.
+struct SavingConnector {
+    scheduler: SaveScheduler<u64>,
+    worker: Tracker,
+}
+
+impl SchedulerConnector<u64> for SavingConnector {
+    fn request_finished(&mut self, request: &u64) -> bool {
+        self.scheduler.request_finished(request)
+    }
+}
+
+impl WorkerConnector<u64> for SavingConnector {
+    fn get_finished(&mut self, finished: &[u64]) -> Vec<u64> {
+        self.worker.get_finished(finished)
+    }
+}
+
+#[test]
+fn a_multi_connector_forwards_to_every_inner_connector_and_frees_after_all_reported() {
+    let store = Store::default();
+    let mut multi = MultiConnector::new(vec![
+        SavingConnector {
+            scheduler: SaveScheduler::new(),
+            worker: SaveTracker::new(),
+        },
+        SavingConnector {
+            scheduler: SaveScheduler::new(),
+            worker: SaveTracker::new(),
+        },
+    ]);
+    // Connector 0 saves requests 1 and 2, connector 1 saves request 1 only.
+    let mut io = Vec::new();
+    for (index, saves) in [vec![(1, 2), (2, 2)], vec![(1, 2), (2, 0)]]
+        .into_iter()
+        .enumerate()
+    {
+        let connector = &mut multi.inner_mut()[index];
+        let step = connector.scheduler.record_step(saves);
+        connector.worker.begin_step(&step);
+        let task = store.start(step.requests(), Ending::Ok);
+        io.push(task.id);
+        connector.worker.submit(task, step.requests());
+    }
+
+    assert!(multi.request_finished(&1));
+    assert!(multi.request_finished(&2));
+    assert!(!multi.request_finished(&3));
+    for connector in multi.inner() {
+        assert_eq!(
+            connector.scheduler.delayed_count(),
+            0,
+            "every inner connector forgot them"
+        );
+    }
+    let reports = multi.get_finished(&[1, 2, 3]);
+    assert!(reports.is_empty());
+
+    store.complete(io[1]); // connector 1's save of 1 is done; connector 0's is not
+    let reports = multi.get_finished(&[]);
+    assert_eq!(reports, vec![1]);
+    assert!(
+        multi.finished_sending(reports).is_empty(),
+        "connector 0 still saves 1"
+    );
+
+    store.complete(io[0]);
+    let reports = multi.get_finished(&[]);
+    assert_eq!(multi.finished_sending(reports), vec![1, 2]);
+    assert_eq!(multi.outstanding(), 0);
+    assert!(multi.finished_sending([1]).is_empty());
+    assert_eq!(multi.unexpected_reports(), 1);
+}
+
+#[test]
+fn s6_the_scheduler_and_every_worker_agree_on_who_delays_its_free() {
+    let store = Store::default();
+    let mut scheduler = SaveScheduler::new();
+    let mut workers: Vec<Tracker> = (0..3).map(|_| SaveTracker::new()).collect();
+    let plans: [&[(u64, usize)]; 4] = [
+        &[(1, 1), (2, 0), (3, 2)],
+        &[(2, 1), (3, 1), (4, 0)],
+        &[(5, 1), (1, 1)],
+        &[(6, 0)],
+    ];
+    let mut finished_so_far = Vec::new();
+    for (index, plan) in plans.iter().enumerate() {
+        let step = scheduler.record_step(plan.iter().copied());
+        for (rank, worker) in workers.iter_mut().enumerate() {
+            worker.begin_step(&step);
+            if rank != 2 && !step.is_empty() {
+                worker.submit(store.start(step.requests(), Ending::Ok), step.requests());
+            }
+        }
+        let finished: Vec<u64> = plan
+            .iter()
+            .map(|(r, _)| *r)
+            .filter(|r| *r as usize == index + 1)
+            .collect();
+        for request in &finished {
+            scheduler.request_finished(request);
+        }
+        store.complete_all();
+        for worker in &mut workers {
+            worker.get_finished(&finished);
+        }
+        finished_so_far.extend(finished);
+        for request in 0..8 {
+            for worker in &workers {
+                assert_eq!(
+                    scheduler.is_delayed(&request),
+                    worker.is_tracked(&request),
+                    "step {index}, request {request}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_save_for_a_request_no_step_recorded_is_counted_and_never_reported() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    worker.submit(store.start(&[1, 9], Ending::Ok), &[1, 9]);
+    assert_eq!(worker.stats().unrecorded_saves, 1);
+    assert_eq!(
+        worker.handle_preemptions(&[9]),
+        1,
+        "the fence still covers it"
+    );
+    assert_eq!(worker.get_finished(&[9, 1]), vec![1]);
+}
+
+#[test]
+fn wait_all_drains_every_task_for_shutdown() {
+    let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
+    worker.begin_step(&scheduler.record_step([(1, 1), (2, 1)]));
+    worker.submit(store.start(&[1], Ending::Ok), &[1]);
+    worker.submit(store.start(&[2], Ending::Ok), &[2]);
+    assert!(worker.get_finished(&[1]).is_empty());
+    assert_eq!(
+        worker.wait_all(),
+        vec![1],
+        "2 has not finished and stays tracked"
+    );
+    assert_eq!(worker.running_tasks(), 0);
+    assert!(worker.is_tracked(&2));
+    assert!(store.every_handle_released_once());
+    assert_eq!(worker.get_finished(&[2]), vec![2]);
+}
