@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Remove or invert each guarding line of the lookup core, on a scratch copy,
-and show which check then fails.
+"""Remove or invert each guarding line of the lookup core (L*) and of the
+save-completion core (S*), on a scratch copy, and show which check then fails.
 
     python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
@@ -13,10 +13,11 @@ that check cannot see the guard, so either the check or the guard is wrong.
 The working tree is never modified; the scratch copy lives in
 $KVTIER_MUTANTS_DIR (default: target/mutants/).
 
---matrix runs each mutation against every suite in SUITES instead (unit and
-integration tests, the differential test, proptest, the fuzz corpus replay,
-loom, shuttle) and prints a markdown table of which suites catch it: the
-evidence table of docs/verification.md. It takes about half an hour.
+--matrix runs each mutation against every suite of its protocol in SUITES
+instead (unit and integration tests, the differential test, proptest, the
+fuzz corpus replay, loom, shuttle) and prints a markdown table per protocol
+of which suites catch it: the evidence tables of docs/verification.md. It
+takes about an hour.
 """
 
 import os
@@ -34,15 +35,26 @@ LOOM = {"RUSTFLAGS": "--cfg kvtier_loom"}
 SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
 MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
 
-# Every suite that can see the core's code (the abstract protocol model cannot:
-# it has its own guard-removal tests in models/tests/protocol_model.rs).
+# Every suite that can see each protocol's code, keyed by the first letter of
+# the mutation ids (L: lookup, S: save completion). The abstract protocol
+# model cannot see the code: it has its own guard-removal tests in
+# models/tests/protocol_model.rs.
 SUITES = {
-    "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
-    "differential": (MODELS + ["differential"], {}),
-    "proptest": (MODELS + ["proptest_lookup"], {}),
-    "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
-    "loom": (MODELS + ["loom_lookup"], LOOM),
-    "shuttle": (MODELS + ["shuttle_lookup"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+    "L": {
+        "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
+        "differential": (MODELS + ["differential"], {}),
+        "proptest": (MODELS + ["proptest_lookup"], {}),
+        "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
+        "loom": (MODELS + ["loom_lookup"], LOOM),
+        "shuttle": (MODELS + ["shuttle_lookup"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+    },
+    "S": {
+        "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
+        "proptest": (MODELS + ["proptest_save"], {}),
+        "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
+        "loom": (MODELS + ["loom_save"], LOOM),
+        "shuttle": (MODELS + ["shuttle_save"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+    },
 }
 
 
@@ -189,6 +201,107 @@ MUTATIONS = [
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
         LOOM,
     ),
+    Mutation(
+        "S1-report-while-running",
+        "a finished request is reported although a task still reads its blocks",
+        "src/save/ledger.rs",
+        [("            if by_request.contains_key(request) {\n                return true;\n            }",
+          "            if by_request.contains_key(request) && false {\n                return true;\n            }")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "reported_only_after"],
+        LOOM,
+    ),
+    Mutation(
+        "S1-completion-wait-returns-early",
+        "CompletionTask::wait returns without waiting for the completer",
+        "src/save/completion.rs",
+        [("            if let Some(result) = outcome.take() {\n                break result;\n            }\n            outcome = self.shared.completed.wait(outcome);",
+          "            break outcome.take().unwrap_or(Ok(()));")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "blocking_get_finished"],
+        LOOM,
+    ),
+    Mutation(
+        "S1-blocking-mode-waits",
+        "a blocking get_finished does not wait for the finished requests' tasks",
+        "src/save/tracker.rs",
+        [("        if self.mode == CompletionMode::Blocking {", "        if false {")],
+        TEST + ["--test", "save", "blocking_mode_waits"],
+    ),
+    Mutation(
+        "S2-deferred-remembered",
+        "a finished request that cannot be reported yet is dropped instead of remembered",
+        "src/save/ledger.rs",
+        [("            if by_request.contains_key(request) {\n                return true;\n            }",
+          "            if by_request.contains_key(request) {\n                return false;\n            }")],
+        TEST + ["--test", "save", "s1_a_finished_request"],
+    ),
+    Mutation(
+        "S2-failed-wait-closes-task",
+        "a task whose wait panicked is never closed, so its requests are never reported",
+        "src/save/tracker.rs",
+        [("                self.ledger.close_task(id, how, Ended::Panicked)", "                false")],
+        TEST + ["--test", "save", "failed_timed_out_and_panicking"],
+    ),
+    Mutation(
+        "S2-report-once",
+        "a finished id passed again while waiting is queued a second time",
+        "src/save/ledger.rs",
+        [("                Some(true) => self.stats.repeated_finishes += 1,",
+          "                Some(true) => self.finishing.push(request.clone()),")],
+        TEST + ["--test", "save", "s2_each_request"],
+    ),
+    Mutation(
+        "S3-untracked-not-reported",
+        "a finished id that never saved is queued for report",
+        "src/save/ledger.rs",
+        [("                None => self.stats.not_delayed += 1,",
+          "                None => {\n                    self.recorded.insert(request.clone(), true);\n                    self.finishing.push(request.clone());\n                }")],
+        TEST + ["--test", "save", "s3_requests"],
+    ),
+    Mutation(
+        "S3-scheduler-forgets",
+        "request_finished does not forget the request, so a second call delays again",
+        "src/save/scheduler.rs",
+        [("        let delay = self.delayed.remove(request);", "        let delay = self.delayed.contains(request);")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "proptest_save"],
+    ),
+    Mutation(
+        "S4-task-kept-until-waited",
+        "submit drops the task at once, releasing its handle while the save runs",
+        "src/save/tracker.rs",
+        [("        self.tasks.insert(id, task);", "        drop(task);")],
+        TEST + ["--test", "save", "completion_tasks_are_completed"],
+    ),
+    Mutation(
+        "S5-fence-waits-preempted",
+        "the preemption fence returns without waiting for the preempted requests' tasks",
+        "src/save/tracker.rs",
+        [("        for id in &fenced {", "        for id in fenced.iter().take(0) {")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "preemption_fence"],
+        LOOM,
+    ),
+    Mutation(
+        "S5-fence-only-preempted",
+        "the preemption fence waits for every running task",
+        "src/save/tracker.rs",
+        [("        let fenced = self.ledger.tasks_of(preempted);",
+          "        let fenced: Vec<TaskId> = self.ledger.running().collect();")],
+        TEST + ["--test", "save", "s5_preemption"],
+    ),
+    Mutation(
+        "S6-worker-records-the-step",
+        "a worker does not record the step's saving requests (the seed's missing mirror)",
+        "src/save/tracker.rs",
+        [("        self.ledger.begin_step(step.requests());", "        self.ledger.begin_step(&step.requests()[..0]);")],
+        TEST + ["--test", "save", "s6_the_scheduler"],
+    ),
+    Mutation(
+        "S6-multi-forwards-to-all",
+        "MultiConnector stops forwarding request_finished at the first connector that delays",
+        "src/save/compose.rs",
+        [("            .map(|connector| connector.request_finished(request))\n            .filter(|delay| *delay)\n            .count();",
+          "            .position(|connector| connector.request_finished(request))\n            .map_or(0, |_| 1);")],
+        TEST + ["--test", "save", "a_multi_connector"],
+    ),
 ]
 
 
@@ -261,26 +374,31 @@ def baseline(checks, tree):
 
 
 def matrix(selected, tree):
-    baseline([(tuple(c), tuple(sorted(e.items()))) for c, e in SUITES.values()], tree)
-    print("| mutation | " + " | ".join(SUITES) + " |")
-    print("|---|" + "---|" * len(SUITES))
     uncaught = 0
-    for mutation in selected:
-        original = mutate(mutation, tree)
-        if original is None:
-            print(f"| {mutation.id} | STALE |")
-            uncaught += 1
+    for protocol, suites in SUITES.items():
+        mutations = [m for m in selected if m.id.startswith(protocol)]
+        if not mutations:
             continue
-        cells = []
-        try:
-            for command, env in SUITES.values():
-                verdict, _ = check(command, env, tree)
-                cells.append({"CAUGHT": "caught", "SURVIVED": "-", "BROKEN": "BROKEN"}[verdict])
-        finally:
-            open(os.path.join(tree, mutation.file), "w").write(original)
-        uncaught += "caught" not in cells
-        print(f"| {mutation.id} | " + " | ".join(cells) + " |", flush=True)
-    print(f"\n{len(selected) - uncaught} of {len(selected)} mutations caught by at least one suite")
+        baseline([(tuple(c), tuple(sorted(e.items()))) for c, e in suites.values()], tree)
+        print("| mutation | " + " | ".join(suites) + " |")
+        print("|---|" + "---|" * len(suites))
+        for mutation in mutations:
+            original = mutate(mutation, tree)
+            if original is None:
+                print(f"| {mutation.id} | STALE |")
+                uncaught += 1
+                continue
+            cells = []
+            try:
+                for command, env in suites.values():
+                    verdict, _ = check(command, env, tree)
+                    cells.append({"CAUGHT": "caught", "SURVIVED": "-", "BROKEN": "BROKEN"}[verdict])
+            finally:
+                open(os.path.join(tree, mutation.file), "w").write(original)
+            uncaught += "caught" not in cells
+            print(f"| {mutation.id} | " + " | ".join(cells) + " |", flush=True)
+        print()
+    print(f"{len(selected) - uncaught} of {len(selected)} mutations caught by at least one suite")
     sys.exit(1 if uncaught else 0)
 
 

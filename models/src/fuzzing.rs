@@ -4,9 +4,12 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 
+use kvtier::CompletionMode;
+
 use crate::checked::CheckedDriver;
 use crate::lockstep::{Lockstep, TableOp};
 use crate::reference::{Key, Req};
+use crate::save_lockstep::{SaveLockstep, SaveOp};
 use crate::scripted::{Fault, Script, mixed, quiet_scripted_panics};
 
 /// Operations per input, at most: keeps every input fast.
@@ -110,4 +113,40 @@ pub fn driver_scripted(data: &[u8]) {
         }
     }
     driver.finish();
+}
+
+/// `save_vs_reference`: an operation sequence on the real save-completion
+/// halves (one scheduler, one to three workers, blocking or not) and the
+/// specification, compared after every operation, with S1–S6 checked
+/// against the scripted store; at the end every request finishes and every
+/// save completes, and every delayed request must have been freed once per
+/// worker, every task waited and every handle released exactly once.
+pub fn save_vs_reference(data: &[u8]) {
+    quiet_scripted_panics();
+    let mut input = Unstructured::new(data);
+    // The first byte picks the mode and the number of workers.
+    let shape = u8::arbitrary(&mut input).unwrap_or(0);
+    let mode = if shape & 1 == 0 {
+        CompletionMode::NonBlocking
+    } else {
+        CompletionMode::Blocking
+    };
+    let workers = 1 + usize::from((shape >> 1) % 3);
+    let mut run = SaveLockstep::new(mode, workers);
+    let mut trace = Vec::new();
+    while trace.len() < MAX_OPS && !input.is_empty() {
+        let Ok(op) = SaveOp::arbitrary(&mut input) else {
+            break;
+        };
+        if let Err(why) = run.apply(&op) {
+            panic!(
+                "{mode:?}, {workers} workers, operation {} ({op:?}): {why}\ntrace: {trace:?}",
+                trace.len()
+            );
+        }
+        trace.push(op);
+    }
+    if let Err(why) = run.finish_run() {
+        panic!("{mode:?}, {workers} workers, at the end: {why}\ntrace: {trace:?}");
+    }
 }

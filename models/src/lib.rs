@@ -13,6 +13,9 @@
 //!   sequence (the differential test and the table fuzz target).
 //! - [`fuzzing`]: the bodies of the cargo-fuzz targets, replayed on stable by
 //!   tests/fuzz_corpus.rs.
+//! - [`save_reference`], [`save_scripted`], [`save_lockstep`]: the same
+//!   for deferred save completion — its specification, a deterministic store
+//!   whose log witnesses S1–S6, and the real halves run against both.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
@@ -25,4 +28,7 @@ pub mod fuzzing;
 pub mod lockstep;
 pub mod protocol;
 pub mod reference;
+pub mod save_lockstep;
+pub mod save_reference;
+pub mod save_scripted;
 pub mod scripted;

@@ -56,3 +56,11 @@ fn table_vs_reference_corpus_replays_cleanly() {
 fn driver_scripted_corpus_replays_cleanly() {
     replay("driver_scripted", kvtier_models::fuzzing::driver_scripted);
 }
+
+#[test]
+fn save_vs_reference_corpus_replays_cleanly() {
+    replay(
+        "save_vs_reference",
+        kvtier_models::fuzzing::save_vs_reference,
+    );
+}

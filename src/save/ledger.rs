@@ -147,11 +147,13 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         self.stats.preemption_fences += 1;
     }
 
-    /// Notes finished requests; only recorded ones will be reported.
-    pub(crate) fn finish<'r>(&mut self, finished: impl IntoIterator<Item = &'r R>)
+    /// Notes finished requests; only recorded ones will be reported. Returns
+    /// the requests that started finishing with this call.
+    pub(crate) fn finish<'r>(&mut self, finished: impl IntoIterator<Item = &'r R>) -> Vec<R>
     where
         R: 'r,
     {
+        let mut started = Vec::new();
         for request in finished {
             match self.recorded.get_mut(request) {
                 None => self.stats.not_delayed += 1,
@@ -159,9 +161,11 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
                 Some(done) => {
                     *done = true;
                     self.finishing.push(request.clone());
+                    started.push(request.clone());
                 }
             }
         }
+        started
     }
 
     /// The running tasks that read blocks of any of `requests`, ascending.

@@ -174,7 +174,7 @@ where
     /// Every returned id was recorded by a step, and no task reading its
     /// blocks is still running; every recorded id is returned exactly once.
     pub fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
-        self.ledger.finish(finished);
+        let started = self.ledger.finish(finished);
         if self.mode == CompletionMode::Blocking {
             for id in self.ledger.tasks_of_finishing() {
                 self.close(id, Closed::Waited);
@@ -182,11 +182,11 @@ where
         }
         self.poll();
         let reported = self.ledger.take_reportable();
-        let newly_finished_left = finished
+        let left = started
             .iter()
             .filter(|request| self.ledger.is_finishing(request))
             .count();
-        self.ledger.defer(newly_finished_left);
+        self.ledger.defer(left);
         reported
     }
 
