@@ -16,6 +16,38 @@ use super::tracker::SaveTracker;
 /// outer connector did not forward the call and blocks were freed while the
 /// inner connector's save still read them. [`MultiConnector`] forwards to
 /// every inner connector.
+///
+/// A wrapper that forgets to answer does not compile:
+///
+/// ```compile_fail,E0046
+/// use kvtier::{SaveScheduler, SchedulerConnector};
+///
+/// struct Outer {
+///     inner: SaveScheduler<u64>,
+/// }
+///
+/// impl SchedulerConnector<u64> for Outer {} // error: `request_finished` missing
+/// ```
+///
+/// It has to say what it answers, and forwarding is one line:
+///
+/// ```
+/// use kvtier::{SaveScheduler, SchedulerConnector};
+///
+/// struct Outer {
+///     inner: SaveScheduler<u64>,
+/// }
+///
+/// impl SchedulerConnector<u64> for Outer {
+///     fn request_finished(&mut self, request: &u64) -> bool {
+///         self.inner.request_finished(request)
+///     }
+/// }
+///
+/// let mut outer = Outer { inner: SaveScheduler::new() };
+/// outer.inner.record_step([(1, 2)]);
+/// assert!(outer.request_finished(&1));
+/// ```
 pub trait SchedulerConnector<R> {
     /// Called exactly once when `request` finishes, before its blocks are
     /// freed. True means the connector takes responsibility: the blocks stay

@@ -280,3 +280,108 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger_with_task() -> (SaveLedger<u64>, TaskId) {
+        let mut ledger = SaveLedger::new();
+        ledger.begin_step(&[1, 2]);
+        let task = ledger.open_task(&[1, 2, 1]);
+        (ledger, task)
+    }
+
+    #[test]
+    fn a_task_lists_each_request_once_and_closes_once() {
+        let (mut ledger, task) = ledger_with_task();
+        assert_eq!(ledger.tasks[&task], vec![1, 2]);
+        assert_eq!(ledger.tasks_of(&[2]), vec![task]);
+        assert!(ledger.close_task(task, Closed::Reaped, Ended::Returned(&Ok(()))));
+        assert!(!ledger.close_task(task, Closed::Reaped, Ended::Returned(&Ok(()))));
+        assert!(ledger.tasks_of(&[1, 2]).is_empty());
+        assert_eq!(ledger.stats().tasks_reaped, 1);
+        ledger.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn tasks_of_is_ascending_and_deduplicated() {
+        let mut ledger = SaveLedger::new();
+        ledger.begin_step(&[1, 2]);
+        let a = ledger.open_task(&[2]);
+        let b = ledger.open_task(&[1, 2]);
+        let c = ledger.open_task(&[1]);
+        assert_eq!(ledger.tasks_of(&[1, 2]), vec![a, b, c]);
+        assert_eq!(ledger.tasks_of(&[1]), vec![b, c]);
+        assert_eq!(ledger.running().collect::<Vec<_>>(), vec![a, b, c]);
+    }
+
+    #[test]
+    fn check_invariants_finds_a_missing_reverse_entry() {
+        let (mut ledger, task) = ledger_with_task();
+        ledger.by_request.remove(&2);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("reverse index"), "{why}");
+        let _ = task;
+    }
+
+    #[test]
+    fn check_invariants_finds_a_reverse_entry_without_its_task() {
+        let (mut ledger, task) = ledger_with_task();
+        ledger.tasks.get_mut(&task).unwrap().retain(|r| *r != 1);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("does not read it"), "{why}");
+    }
+
+    #[test]
+    fn check_invariants_finds_an_empty_task_list() {
+        let (mut ledger, _) = ledger_with_task();
+        ledger.by_request.insert(9, Vec::new());
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("empty task list"), "{why}");
+    }
+
+    #[test]
+    fn check_invariants_finds_finished_requests_missing_from_the_queue() {
+        let (mut ledger, _) = ledger_with_task();
+        ledger.recorded.insert(1, true);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("queued for report"), "{why}");
+        ledger.recorded.insert(1, false);
+        ledger.finishing.push(1);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("queued for report"), "{why}");
+        ledger.recorded.insert(2, true);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("not finished"), "{why}");
+    }
+
+    #[test]
+    fn every_ending_is_counted_under_its_own_counter() {
+        let mut ledger: SaveLedger<u64> = SaveLedger::new();
+        let endings = [
+            Ended::Returned(&Ok(())),
+            Ended::Returned(&Err(TaskError::TimedOut)),
+            Ended::Returned(&Err(TaskError::Abandoned)),
+            Ended::Panicked,
+        ];
+        for ended in endings {
+            let task = ledger.open_task(&[]);
+            assert!(ledger.close_task(task, Closed::Waited, ended));
+        }
+        let failed = Err(TaskError::failed("x"));
+        let task = ledger.open_task(&[]);
+        ledger.close_task(task, Closed::Waited, Ended::Returned(&failed));
+        let stats = ledger.stats();
+        assert_eq!(
+            (
+                stats.task_failures,
+                stats.task_timeouts,
+                stats.tasks_abandoned,
+                stats.task_panics
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(stats.tasks_waited, 5);
+    }
+}
