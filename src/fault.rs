@@ -11,6 +11,37 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Runs `f` with a fmt subscriber installed; returns its result and what
+/// was logged (no colours), so tests can assert that a fault is logged.
+#[cfg(test)]
+pub(crate) fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    use crate::sync::{Arc, Mutex};
+
+    #[derive(Clone)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let captured = Captured(Arc::new(Mutex::new(Vec::new())));
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(captured.0.lock().clone()).expect("utf-8 log");
+    (result, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::panic_message;

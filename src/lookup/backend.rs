@@ -126,22 +126,6 @@ where
 mod tests {
     use super::*;
     use crate::lookup::types::Generation;
-    use crate::sync::{Arc, Mutex};
-
-    /// Collects what the fmt subscriber writes.
-    #[derive(Clone)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// Probes keys 1 and 2 for request 9 with `backend`; returns the outcome
     /// and what was logged.
@@ -149,17 +133,7 @@ mod tests {
         let mut group = Group::new(9u64);
         group.keys = vec![1, 2];
         group.generations = vec![Generation(0), Generation(1)];
-        let captured = Captured(Arc::new(Mutex::new(Vec::new())));
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        let outcome = tracing::subscriber::with_default(subscriber, || {
-            probe_group(&mut backend, group).outcome()
-        });
-        let text = String::from_utf8(captured.0.lock().clone()).expect("utf-8 log");
-        (outcome, text)
+        crate::fault::logged(|| probe_group(&mut backend, group).outcome())
     }
 
     #[test]
