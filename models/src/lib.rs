@@ -18,11 +18,14 @@
 //!   whose log witnesses S1–S6, and the real halves run against both.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
+//! - [`checkers`]: how the loom and shuttle files run their models (bounds,
+//!   iterations, replay), compiled under the matching cfg.
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
 //!   `tests/shuttle_*.rs` (`--cfg kvtier_shuttle`): the real threaded driver
 //!   under the model checkers.
 
 pub mod checked;
+pub mod checkers;
 pub mod conformance;
 pub mod fuzzing;
 pub mod lockstep;

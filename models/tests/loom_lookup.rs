@@ -14,38 +14,10 @@
 //! `KVTIER_LOOM_EXHAUSTIVE=1` for no bound at all.
 #![cfg(kvtier_loom)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
-
 use kvtier::{Phase, Verdict};
 use kvtier_models::checked::CheckedDriver;
+use kvtier_models::checkers::explore;
 use kvtier_models::scripted::{Fault, Script, even, flipping, quiet_scripted_panics};
-
-/// Explores `body` with loom, preemption bound 3 unless LOOM_MAX_PREEMPTIONS
-/// or KVTIER_LOOM_EXHAUSTIVE say otherwise, and prints how many
-/// interleavings were explored.
-fn explore(name: &str, body: impl Fn() + Sync + Send + 'static) {
-    // A plain std counter: it only counts model executions, outside loom's view.
-    let executions = std::sync::Arc::new(AtomicUsize::new(0));
-    let counter = executions.clone();
-    let mut builder = loom::model::Builder::new();
-    if std::env::var_os("KVTIER_LOOM_EXHAUSTIVE").is_some() {
-        builder.preemption_bound = None;
-    } else {
-        builder.preemption_bound.get_or_insert(3);
-    }
-    let bound = builder.preemption_bound;
-    let started = Instant::now();
-    builder.check(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-        body();
-    });
-    println!(
-        "loom model {name}: {} interleavings, preemption bound {bound:?}, {:.2?}",
-        executions.load(Ordering::Relaxed),
-        started.elapsed()
-    );
-}
 
 fn phase(driver: &CheckedDriver, key: u64) -> Option<Phase> {
     driver.driver().table().key_state(&key).map(|s| s.phase)

@@ -17,39 +17,14 @@
 #![cfg(kvtier_loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use kvtier::{
     Completer, CompletionMode, CompletionTask, SaveScheduler, SaveStep, SaveTracker, TaskError,
 };
+use kvtier_models::checkers::explore;
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread::{self, JoinHandle};
-
-/// Explores `body` with loom (see the module docs for the bound) and prints
-/// how many interleavings were explored.
-fn explore(name: &str, body: impl Fn() + Sync + Send + 'static) {
-    // A plain std counter: it counts executions, outside loom's view.
-    let executions = std::sync::Arc::new(AtomicUsize::new(0));
-    let counter = executions.clone();
-    let mut builder = loom::model::Builder::new();
-    if std::env::var_os("KVTIER_LOOM_EXHAUSTIVE").is_some() {
-        builder.preemption_bound = None;
-    } else {
-        builder.preemption_bound.get_or_insert(3);
-    }
-    let bound = builder.preemption_bound;
-    let started = Instant::now();
-    builder.check(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-        body();
-    });
-    println!(
-        "loom model {name}: {} interleavings, preemption bound {bound:?}, {:.2?}",
-        executions.load(Ordering::Relaxed),
-        started.elapsed()
-    );
-}
 
 /// One request's KV blocks.
 type Blocks = Arc<UnsafeCell<u64>>;

@@ -16,10 +16,9 @@
 //!   in every test of this file (run the one that failed by name).
 #![cfg(kvtier_shuttle)]
 
-use std::time::Instant;
-
 use kvtier::Verdict;
 use kvtier_models::checked::CheckedDriver;
+use kvtier_models::checkers::{Schedules, run_shuttle};
 use kvtier_models::reference::{Key, Req};
 use kvtier_models::scripted::{Fault, Script, mixed};
 use shuttle::rand::{Rng, thread_rng};
@@ -28,34 +27,6 @@ use shuttle::rand::{Rng, thread_rng};
 const KEYS: u64 = 16;
 /// Requests live at the same time.
 const LIVE: usize = 4;
-
-fn iterations() -> usize {
-    std::env::var("KVTIER_SHUTTLE_ITERATIONS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100_000)
-}
-
-/// Runs `scenario` under `scheduler` unless a replay was asked for, and
-/// reports how many schedules were explored.
-fn run(name: &str, scenario: fn(), scheduler: &str) {
-    if let Ok(schedule) = std::env::var("KVTIER_SHUTTLE_REPLAY") {
-        shuttle::replay(scenario, &schedule);
-        return;
-    }
-    let iterations = iterations();
-    let started = Instant::now();
-    match scheduler {
-        "random" => shuttle::check_random(scenario, iterations),
-        // Depth 3: bugs that need up to two forced preemptions.
-        "pct" => shuttle::check_pct(scenario, iterations, 3),
-        _ => unreachable!("unknown scheduler {scheduler}"),
-    }
-    println!(
-        "shuttle {name} ({scheduler}): {iterations} schedules in {:.1?}",
-        started.elapsed()
-    );
-}
 
 /// A fault for about one backend call in five; panics are left to the loom
 /// model (each panic would make shuttle's hook print a schedule).
@@ -164,20 +135,20 @@ fn shared_keys_workload() {
 
 #[test]
 fn scheduler_workload_agrees_with_the_specification_under_random_schedules() {
-    run("scheduler_workload", scheduler_workload, "random");
+    run_shuttle("scheduler_workload", scheduler_workload, Schedules::Random);
 }
 
 #[test]
 fn scheduler_workload_agrees_with_the_specification_under_pct_schedules() {
-    run("scheduler_workload", scheduler_workload, "pct");
+    run_shuttle("scheduler_workload", scheduler_workload, Schedules::Pct);
 }
 
 #[test]
 fn shared_keys_cleanups_and_reuse_under_random_schedules() {
-    run("shared_keys", shared_keys_workload, "random");
+    run_shuttle("shared_keys", shared_keys_workload, Schedules::Random);
 }
 
 #[test]
 fn shared_keys_cleanups_and_reuse_under_pct_schedules() {
-    run("shared_keys", shared_keys_workload, "pct");
+    run_shuttle("shared_keys", shared_keys_workload, Schedules::Pct);
 }

@@ -21,12 +21,11 @@
 //! - `KVTIER_SHUTTLE_REPLAY='<schedule>'`: replays a printed failing schedule.
 #![cfg(kvtier_shuttle)]
 
-use std::time::Instant;
-
 use kvtier::{
     Completer, CompletionMode, CompletionTask, ReportAggregator, SaveScheduler, SaveTracker,
     TaskError,
 };
+use kvtier_models::checkers::{Schedules, run_shuttle};
 use shuttle::rand::{Rng, thread_rng};
 use shuttle::sync::Arc;
 use shuttle::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,31 +35,6 @@ use shuttle::thread::{self, JoinHandle};
 const LIVE: usize = 8;
 const WORKERS: usize = 2;
 const STEPS: usize = 4;
-
-fn iterations() -> usize {
-    std::env::var("KVTIER_SHUTTLE_ITERATIONS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100_000)
-}
-
-fn run(name: &str, scenario: fn(), scheduler: &str) {
-    if let Ok(schedule) = std::env::var("KVTIER_SHUTTLE_REPLAY") {
-        shuttle::replay(scenario, &schedule);
-        return;
-    }
-    let iterations = iterations();
-    let started = Instant::now();
-    match scheduler {
-        "random" => shuttle::check_random(scenario, iterations),
-        "pct" => shuttle::check_pct(scenario, iterations, 3),
-        _ => unreachable!("unknown scheduler {scheduler}"),
-    }
-    println!(
-        "shuttle {name} ({scheduler}): {iterations} schedules in {:.1?}",
-        started.elapsed()
-    );
-}
 
 /// What the I/O threads and the worker share about one request's blocks.
 #[derive(Default)]
@@ -300,15 +274,15 @@ fn blocking() {
 
 #[test]
 fn non_blocking_save_tracking_under_random_schedules() {
-    run("save non-blocking", non_blocking, "random");
+    run_shuttle("save non-blocking", non_blocking, Schedules::Random);
 }
 
 #[test]
 fn non_blocking_save_tracking_under_pct_schedules() {
-    run("save non-blocking", non_blocking, "pct");
+    run_shuttle("save non-blocking", non_blocking, Schedules::Pct);
 }
 
 #[test]
 fn blocking_save_tracking_under_random_schedules() {
-    run("save blocking", blocking, "random");
+    run_shuttle("save blocking", blocking, Schedules::Random);
 }
