@@ -66,6 +66,15 @@ pub enum SaveOp {
         /// Which worker.
         worker: u8,
     },
+    /// One worker's `get_finished` is passed an id that already finished
+    /// again (vLLM passes each id once; a tracker must not report twice
+    /// when a caller does not).
+    Repeat {
+        /// Which worker.
+        worker: u8,
+        /// Index into the requests finished so far.
+        which: u8,
+    },
     /// Every worker fences the preempted requests of the slots in `pick`.
     Preempt {
         /// Bit mask over slots.
@@ -87,6 +96,8 @@ pub struct SaveLockstep {
     live: [Rid; SLOTS],
     next_id: Rid,
     last_step: Vec<Rid>,
+    /// Every request finished so far, in order.
+    finished: Vec<Rid>,
     /// Store task id -> (worker, tracker task id).
     task_of: BTreeMap<u64, (usize, TaskId)>,
     /// (request, worker) pairs owed a report: request_finished said true and
@@ -108,6 +119,7 @@ impl SaveLockstep {
             live: std::array::from_fn(|slot| slot as Rid),
             next_id: SLOTS as Rid,
             last_step: Vec::new(),
+            finished: Vec::new(),
             task_of: BTreeMap::new(),
             owed: BTreeSet::new(),
         }
@@ -209,6 +221,13 @@ impl SaveLockstep {
                 let w = self.worker(*worker);
                 self.get_finished(w, &[])?;
             }
+            SaveOp::Repeat { worker, which } => {
+                if !self.finished.is_empty() {
+                    let w = self.worker(*worker);
+                    let request = self.finished[usize::from(*which) % self.finished.len()];
+                    self.get_finished(w, &[request])?;
+                }
+            }
             SaveOp::Preempt { pick } => {
                 let preempted = self.slots(*pick);
                 for w in 0..self.workers.len() {
@@ -237,6 +256,7 @@ impl SaveLockstep {
                 self.owed
                     .extend((0..self.workers.len()).map(|w| (*request, w)));
             }
+            self.finished.push(*request);
             if let Some(slot) = self.live.iter().position(|r| r == request) {
                 self.live[slot] = self.next_id;
                 self.next_id += 1;

@@ -35,6 +35,7 @@ fn op() -> impl Strategy<Value = SaveOp> {
         2 => any::<u8>().prop_map(|worker| SaveOp::Poll { worker }),
         3 => (1..64u8).prop_map(|pick| SaveOp::Finish { pick }),
         2 => any::<u8>().prop_map(|worker| SaveOp::GetFinished { worker }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(worker, which)| SaveOp::Repeat { worker, which }),
         1 => (1..64u8).prop_map(|pick| SaveOp::Preempt { pick }),
     ]
 }
