@@ -474,7 +474,31 @@ fn completion_tasks_are_completed_from_io_threads_and_release_their_handle_once(
         released, requests,
         "each event handle released exactly once"
     );
-    assert_eq!(worker.stats().task_failures, 6);
+    let stats = worker.stats();
+    assert_eq!((stats.task_failures, stats.tasks_abandoned), (6, 0));
+}
+
+#[test]
+fn a_completion_task_shows_its_handle_and_state_until_waited() {
+    let (task, completer) = CompletionTask::new("event-7");
+    assert_eq!(task.handle(), Some(&"event-7"));
+    assert!(!task.check());
+    assert!(format!("{task:?}").contains("complete: false"), "{task:?}");
+    assert!(
+        format!("{completer:?}").starts_with("Completer"),
+        "{completer:?}"
+    );
+    completer.complete(Err(TaskError::TimedOut));
+    assert!(task.check());
+    assert!(format!("{task:?}").contains("complete: true"), "{task:?}");
+    assert!(matches!(task.wait(), Err(TaskError::TimedOut)));
+
+    let (task, completer) = CompletionTask::new(());
+    completer.succeed();
+    assert!(
+        task.wait().is_ok(),
+        "succeed is not an abandoned completion"
+    );
 }
 
 #[test]
@@ -600,9 +624,12 @@ fn a_multi_connector_forwards_to_every_inner_connector_and_frees_after_all_repor
         connector.worker.submit(task, step.requests());
     }
 
+    assert_eq!((multi.outstanding(), multi.unexpected_reports()), (0, 0));
     assert!(multi.request_finished(&1));
     assert!(multi.request_finished(&2));
     assert!(!multi.request_finished(&3));
+    assert_eq!(multi.outstanding(), 2);
+    assert_eq!(multi.inner().len(), 2);
     for connector in multi.inner() {
         assert_eq!(
             connector.scheduler.delayed_count(),
@@ -621,6 +648,7 @@ fn a_multi_connector_forwards_to_every_inner_connector_and_frees_after_all_repor
         "connector 0 still saves 1"
     );
 
+    assert_eq!(multi.outstanding(), 2, "1 still waits for connector 0");
     store.complete(io[0]);
     let reports = multi.get_finished(&[]);
     assert_eq!(multi.finished_sending(reports), vec![1, 2]);
@@ -704,4 +732,45 @@ fn wait_all_drains_every_task_for_shutdown() {
     assert!(worker.is_tracked(&2));
     assert!(store.every_handle_released_once());
     assert_eq!(worker.get_finished(&[2]), vec![2]);
+}
+
+/// The crate's own halves compose directly: scheduler sides through boxed
+/// trait objects, worker sides as they are.
+#[test]
+fn multi_connectors_compose_the_crates_own_halves_and_boxed_connectors() {
+    let store = Store::default();
+    let mut local = SaveScheduler::new();
+    let mut remote = SaveScheduler::new();
+    let mut local_worker: Tracker = SaveTracker::new();
+    let mut remote_worker: Tracker = SaveTracker::new();
+    let local_step = local.record_step([(1, 1), (2, 1)]);
+    let remote_step = remote.record_step([(1, 1)]);
+    local_worker.begin_step(&local_step);
+    remote_worker.begin_step(&remote_step);
+    local_worker.submit(store.start(&[1, 2], Ending::Ok), &[1, 2]);
+    remote_worker.submit(store.start(&[1], Ending::Ok), &[1]);
+
+    let boxed: Vec<Box<dyn SchedulerConnector<u64>>> = vec![Box::new(local), Box::new(remote)];
+    let mut schedulers = MultiConnector::new(boxed);
+    let mut workers = MultiConnector::<_, u64>::new(vec![
+        Box::new(local_worker) as Box<dyn WorkerConnector<u64>>,
+        Box::new(remote_worker),
+    ]);
+    assert!(schedulers.request_finished(&1));
+    assert!(schedulers.request_finished(&2));
+    assert!(
+        !schedulers.request_finished(&1),
+        "each inner connector forgot 1"
+    );
+    assert_eq!(workers.get_finished(&[1, 2]), Vec::<u64>::new());
+
+    store.complete_all();
+    let reports = workers.get_finished(&[]);
+    assert_eq!(
+        reports,
+        vec![1, 2, 1],
+        "local reports 1 and 2, remote reports 1"
+    );
+    assert_eq!(schedulers.finished_sending(reports), vec![2, 1]);
+    assert_eq!(schedulers.outstanding(), 0);
 }

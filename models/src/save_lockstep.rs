@@ -160,6 +160,16 @@ impl SaveLockstep {
                     .collect();
                 let step = self.scheduler.record_step(saves.iter().copied());
                 let expected = self.scheduler_spec.record_step(&saves);
+                if step.step() + 1 != self.scheduler_spec.stats.steps
+                    || step.is_empty() != expected.is_empty()
+                {
+                    return Err(format!(
+                        "step {} (empty: {}), specification {} steps, {expected:?}",
+                        step.step(),
+                        step.is_empty(),
+                        self.scheduler_spec.stats.steps
+                    ));
+                }
                 if step.requests() != expected {
                     return Err(format!(
                         "step {saves:?}: recorded {:?}, specification {expected:?}",
@@ -210,8 +220,13 @@ impl SaveLockstep {
             }
             SaveOp::Poll { worker } => {
                 let w = self.worker(*worker);
-                self.workers[w].poll();
-                self.specs[w].poll();
+                let reaped = self.workers[w].poll();
+                let expected = self.specs[w].poll();
+                if reaped != expected {
+                    return Err(format!(
+                        "worker {w} poll reaped {reaped}, specification {expected}"
+                    ));
+                }
             }
             SaveOp::Finish { pick } => {
                 let finished = self.slots(*pick);
@@ -386,6 +401,13 @@ impl SaveLockstep {
                     ));
                 }
             }
+        }
+        if self.scheduler.stats() != self.scheduler_spec.stats {
+            return Err(format!(
+                "scheduler stats {:?}, specification {:?}",
+                self.scheduler.stats(),
+                self.scheduler_spec.stats
+            ));
         }
         if self.scheduler.delayed_count() != self.scheduler_spec.delayed.len() {
             return Err(format!(

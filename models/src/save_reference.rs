@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvtier::{CompletionMode, SaveStats};
+use kvtier::{CompletionMode, SaveStats, SchedulerSaveStats};
 
 use crate::save_scripted::Ending;
 
@@ -17,16 +17,21 @@ pub type Rid = u64;
 pub struct SchedulerSpec {
     /// Recorded by a step, not finished yet.
     pub delayed: BTreeSet<Rid>,
+    /// The counters the scheduler must show.
+    pub stats: SchedulerSaveStats,
 }
 
 impl SchedulerSpec {
     /// The step's saving requests: non-empty ranges, each once, in order.
     pub fn record_step(&mut self, saves: &[(Rid, usize)]) -> Vec<Rid> {
+        self.stats.steps += 1;
         let mut requests = Vec::new();
         for (request, blocks) in saves {
             if *blocks > 0 && !requests.contains(request) {
                 requests.push(*request);
-                self.delayed.insert(*request);
+                if self.delayed.insert(*request) {
+                    self.stats.recorded += 1;
+                }
             }
         }
         requests
@@ -34,7 +39,13 @@ impl SchedulerSpec {
 
     /// Delay the free exactly for recorded requests; forget the request.
     pub fn request_finished(&mut self, request: Rid) -> bool {
-        self.delayed.remove(&request)
+        let delay = self.delayed.remove(&request);
+        if delay {
+            self.stats.delayed += 1;
+        } else {
+            self.stats.freed_at_once += 1;
+        }
+        delay
     }
 }
 
@@ -134,9 +145,10 @@ impl WorkerSpec {
     }
 
     /// Reaps the tasks a check finds complete (a check that panics means
-    /// the task is waited).
-    pub fn poll(&mut self) {
+    /// the task is waited); returns how many were reaped.
+    pub fn poll(&mut self) -> usize {
         let ids: Vec<u64> = self.tasks.keys().copied().collect();
+        let mut reaped = 0;
         for id in ids {
             let task = &self.tasks[&id];
             if task.ending == Ending::PanicsInCheck {
@@ -144,8 +156,10 @@ impl WorkerSpec {
                 self.close(id, Left::Waited);
             } else if task.io_done {
                 self.close(id, Left::Reaped);
+                reaped += 1;
             }
         }
+        reaped
     }
 
     /// Reports finished requests none of whose tasks runs.

@@ -137,3 +137,39 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
         self.stats
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_numbered_and_know_when_nobody_saves() {
+        let mut scheduler = SaveScheduler::new();
+        let first = scheduler.record_step([("a", 0)]);
+        let second = scheduler.record_step([("a", 1), ("a", 2)]);
+        assert_eq!((first.step(), first.is_empty()), (0, true));
+        assert_eq!((second.step(), second.is_empty()), (1, false));
+        assert_eq!(second.requests(), &["a"]);
+    }
+
+    #[test]
+    fn the_counters_follow_every_answer() {
+        let mut scheduler = SaveScheduler::new();
+        scheduler.record_step([(1u64, 1), (2, 1), (3, 0)]);
+        scheduler.record_step([(1, 1)]);
+        assert!(scheduler.request_finished(&1));
+        assert!(!scheduler.request_finished(&1));
+        assert!(!scheduler.request_finished(&3));
+        let stats = scheduler.stats();
+        assert_eq!(
+            (
+                stats.steps,
+                stats.recorded,
+                stats.delayed,
+                stats.freed_at_once
+            ),
+            (2, 2, 1, 2)
+        );
+        assert_eq!(scheduler.delayed_count(), 1);
+    }
+}

@@ -83,3 +83,18 @@ pub trait StoreTask {
     /// it ended. Consumes the task, so it can be waited only once.
     fn wait(self) -> Result<(), TaskError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_name_their_counter_value() {
+        assert_eq!(TaskId(7).get(), 7);
+        assert_eq!(TaskId(7).to_string(), "task#7");
+        assert_eq!(
+            TaskError::failed("disk full").to_string(),
+            "the save failed: disk full"
+        );
+    }
+}

@@ -325,6 +325,40 @@ mod tests {
     }
 
     #[test]
+    fn check_invariants_finds_task_values_the_ledger_does_not_account_for() {
+        let mut tracker = tracker_of(&[1]);
+        let id = tracker.submit(Ends(Ok(())), &[1]);
+        tracker.check_invariants().unwrap();
+        // A task value without a running entry in the ledger.
+        tracker.tasks.insert(TaskId(99), Ends(Ok(())));
+        let why = tracker.check_invariants().unwrap_err();
+        assert!(why.contains("2 task values held for 1 running"), "{why}");
+        // A running entry whose task value is gone.
+        tracker.tasks.remove(&id);
+        let why = tracker.check_invariants().unwrap_err();
+        assert!(
+            why.contains("task#0 is running but its task value is gone"),
+            "{why}"
+        );
+        tracker.tasks.clear();
+    }
+
+    #[test]
+    fn the_mode_is_kept_and_poll_counts_what_it_reaped() {
+        assert_eq!(
+            SaveTracker::<u64, Ends>::new().mode(),
+            CompletionMode::NonBlocking
+        );
+        let mut tracker = SaveTracker::with_mode(CompletionMode::Blocking);
+        assert_eq!(tracker.mode(), CompletionMode::Blocking);
+        tracker.begin_step(&SaveScheduler::new().record_step([(1u64, 1)]));
+        tracker.submit(Ends(Ok(())), &[1]);
+        tracker.submit(Ends(Ok(())), &[1]);
+        assert_eq!(tracker.poll(), 2);
+        assert_eq!(tracker.poll(), 0);
+    }
+
+    #[test]
     fn a_refused_submission_and_a_failed_save_are_logged_and_a_clean_one_is_not() {
         let mut tracker = tracker_of(&[1, 2]);
         let ((), log) = logged(|| {
