@@ -520,6 +520,8 @@ fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per
         assert!(scheduler.request_finished(&request));
         frees.expect(request);
     }
+    assert_eq!(frees.waiting(), 2);
+    assert!(!frees.is_waiting(&3), "3 never finished");
     assert_eq!(
         frees.report(1, idle.get_finished(&[1, 2])).unwrap(),
         Vec::<u64>::new()
