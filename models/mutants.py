@@ -147,8 +147,8 @@ MUTATIONS = [
         "src/lookup/backend.rs",
         [("let call = panic::catch_unwind(AssertUnwindSafe(|| {",
           "let call = no_catch(AssertUnwindSafe(|| {"),
-         ("/// The text of a panic payload",
-          "fn no_catch<T>(f: AssertUnwindSafe<impl FnOnce() -> T>) -> std::thread::Result<T> { Ok(f.0()) }\n/// The text of a panic payload")],
+         ("/// Probes one group, turning every fault into misses",
+          "fn no_catch<T>(f: AssertUnwindSafe<impl FnOnce() -> T>) -> std::thread::Result<T> { Ok(f.0()) }\n/// Probes one group, turning every fault into misses")],
         TEST + ["--test", "driver", "defects_4_and_5"],
     ),
     Mutation(
