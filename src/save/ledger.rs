@@ -318,11 +318,10 @@ mod tests {
 
     #[test]
     fn check_invariants_finds_a_missing_reverse_entry() {
-        let (mut ledger, task) = ledger_with_task();
+        let (mut ledger, _) = ledger_with_task();
         ledger.by_request.remove(&2);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("reverse index"), "{why}");
-        let _ = task;
     }
 
     #[test]

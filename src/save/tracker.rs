@@ -140,9 +140,7 @@ where
         let running: Vec<TaskId> = self.ledger.running().collect();
         let mut reaped = 0;
         for id in running {
-            let Some(task) = self.tasks.get(&id) else {
-                continue;
-            };
+            let task = &self.tasks[&id];
             match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
                 Ok(false) => {}
                 Ok(true) => {
