@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Remove or invert each guarding line of the lookup core (L*) and of the
-save-completion core (S*), on a scratch copy, and show which check then fails.
+"""Remove or invert each guarding line of the lookup core (L*), of the
+concurrent-group tasks driver (T*) and of the save-completion core (S*), on a
+scratch copy, and show which check then fails.
 
     python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
@@ -36,7 +37,7 @@ SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
 MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
 
 # Every suite that can see each protocol's code, keyed by the first letter of
-# the mutation ids (L: lookup, S: save completion). The abstract protocol
+# the mutation ids (L: lookup, T: the tasks driver, S: save completion). The abstract protocol
 # model cannot see the code: it has its own guard-removal tests in
 # models/tests/protocol_model.rs.
 SUITES = {
@@ -47,6 +48,11 @@ SUITES = {
         "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
         "loom": (MODELS + ["loom_lookup"], LOOM),
         "shuttle": (MODELS + ["shuttle_lookup"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+    },
+    "T": {
+        "tests": (TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver"], {}),
+        "tokio stress": (MODELS + ["tasks_stress"], {}),
+        "shuttle": (MODELS + ["shuttle_tasks"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -171,23 +177,27 @@ MUTATIONS = [
         "L7-per-group-publication",
         "the worker publishes a submission's groups only when all are done (pre-seed-000)",
         "src/lookup/driver.rs",
-        [("        for group in submission.into_groups() {\n            // Seed 000: each group is visible to the scheduler as soon as it\n            // is done, not when the whole submission is.\n            shared.published.push(probe_group(&mut backend, group));\n        }",
-          "        let done: Vec<_> = submission.into_groups().into_iter().map(|g| probe_group(&mut backend, g)).collect();\n        for result in done {\n            shared.published.push(result);\n        }")],
+        [("            published.push(probe_group(&mut backend, group));\n",
+          "            done.push(probe_group(&mut backend, group));\n"),
+         ("        for group in submission.into_groups() {\n",
+          "        let mut done = Vec::new();\n        for group in submission.into_groups() {\n"),
+         ("        shared.queue.lock().completed += 1;\n",
+          "        for result in done {\n            published.push(result);\n        }\n        shared.queue.lock().completed += 1;\n")],
         TEST + ["--test", "driver", "seed_000"],
     ),
     Mutation(
         "L7-lookup-applies-published",
         "lookup does not apply what the worker published (results wait for flush)",
-        "src/lookup/driver.rs",
-        [("        self.ensure_open()?;\n        self.apply_published();\n        Ok(self.table.lookup(key, request))",
-          "        self.ensure_open()?;\n        Ok(self.table.lookup(key, request))")],
+        "src/lookup/front.rs",
+        [("        self.apply_published();\n        self.table.lookup(key, request)",
+          "        self.table.lookup(key, request)")],
         TEST + ["--test", "driver", "defect_3"],
     ),
     Mutation(
         "L8-shutdown-applies-last-answers",
         "shutdown joins the worker but drops its last answers",
         "src/lookup/driver.rs",
-        [("        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;\n        self.apply_published();",
+        [("        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;\n        self.front.apply_published();",
           "        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
         LOOM,
@@ -301,6 +311,63 @@ MUTATIONS = [
         [("            .map(|connector| connector.request_finished(request))\n            .filter(|delay| *delay)\n            .count();",
           "            .position(|connector| connector.request_finished(request))\n            .map_or(0, |_| 1);")],
         TEST + ["--test", "save", "a_multi_connector"],
+    ),
+    Mutation(
+        "T1-concurrency-bound",
+        "flush starts a runner for every queued group, ignoring max_concurrent_groups",
+        "src/lookup/tasks.rs",
+        [("let free = self.max_concurrent_groups - pool.running;",
+          "let free = usize::MAX - pool.running;")],
+        TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "with_one_slot"],
+    ),
+    Mutation(
+        "T2-cancelled-group-published",
+        "an aborted runner drops the group it was probing instead of publishing it as cancelled",
+        "src/lookup/tasks.rs",
+        [("for group in self.current.take().into_iter().chain(pool.queue.drain(..)) {",
+          "for group in pool.queue.drain(..) {")],
+        TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "defect_6"],
+    ),
+    Mutation(
+        "T2-queue-cancelled-with-runner",
+        "a runner dropped by a dying runtime leaves the queued groups stranded",
+        "src/lookup/tasks.rs",
+        [("for group in self.current.take().into_iter().chain(pool.queue.drain(..)) {",
+          "for group in self.current.take() {")],
+        TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "cancelled_if_it_goes_away"],
+    ),
+    Mutation(
+        "T3-abort-at-shutdown",
+        "shutdown does not abort running tasks, so a hung call is never cancelled",
+        "src/lookup/tasks.rs",
+        [("            task.abort();\n", "            drop(task);\n")],
+        TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "defect_6"],
+    ),
+    Mutation(
+        "T3-grace-deadline",
+        "shutdown waits for every outstanding group, however long (the reference's hang)",
+        "src/lookup/tasks.rs",
+        [("            if now >= deadline {\n                break;\n            }\n            pool = shared.progress.wait_timeout(pool, deadline - now);\n        }\n        drop(pool);",
+          "            pool = shared.progress.wait_timeout(pool, deadline.saturating_duration_since(now));\n        }\n        drop(pool);")],
+        MODELS + ["shuttle_tasks", "shutdown_cancels"],
+        dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
+    ),
+    Mutation(
+        "T3-runner-exit-notifies",
+        "a runner that runs out of work exits without waking a shutdown waiting for it",
+        "src/lookup/tasks.rs",
+        [("                        drop(pool);\n                        // Shutdown may be waiting for the runners to exit.\n                        self.shared.progress.notify_all();\n",
+          "                        drop(pool);\n")],
+        MODELS + ["shuttle_tasks", "concurrent_groups"],
+        dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
+    ),
+    Mutation(
+        "T4-group-timeout",
+        "backend calls are not bounded by the group timeout",
+        "src/lookup/tasks.rs",
+        [("match task::timeout(timeout, call).await {", "match Some(call.await) {")],
+        MODELS + ["shuttle_tasks", "concurrent_groups"],
+        dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
     ),
 ]
 

@@ -37,16 +37,36 @@ mod lookup;
 mod publish;
 mod save;
 mod sync;
+#[cfg(all(
+    any(feature = "fs", feature = "object-store"),
+    not(any(kvtier_loom, kvtier_shuttle))
+))]
+mod tier;
 
 pub use lookup::{
     AsyncLookup, Generation, Group, GroupOutcome, GroupResult, KeyState, LookupBackend,
     LookupError, LookupTable, Phase, Request, Stats, Submission, Ticket, Verdict,
 };
+#[cfg(any(
+    all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
+    all(kvtier_shuttle, not(kvtier_loom))
+))]
+pub use lookup::{AsyncLookupBackend, TokioConfig, TokioLookup};
 pub use save::{
     Completer, CompletionMode, CompletionTask, MultiConnector, ReportAggregator, ReportError,
     SaveScheduler, SaveStats, SaveStep, SaveTracker, SchedulerConnector, SchedulerSaveStats,
     StoreTask, TaskError, TaskId, WorkerConnector,
 };
+
+#[cfg(all(
+    any(feature = "fs", feature = "object-store"),
+    not(any(kvtier_loom, kvtier_shuttle))
+))]
+pub use tier::{BlockKey, Corruption, TierError};
+#[cfg(all(feature = "fs", not(any(kvtier_loom, kvtier_shuttle))))]
+pub use tier::{FsOptions, FsSaveTask, FsTier};
+#[cfg(all(feature = "object-store", not(any(kvtier_loom, kvtier_shuttle))))]
+pub use tier::{ObjectSaveTask, ObjectTier, ObjectTierStats, S3Options};
 
 /// Compiles and runs the README's example as a doctest.
 #[cfg(doctest)]

@@ -60,6 +60,18 @@ mod imp {
             guard
         }
 
+        /// Waits at most `limit`; callers re-check their condition and
+        /// their deadline, so whether it timed out is not reported.
+        #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+        pub(crate) fn wait_timeout<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            limit: std::time::Duration,
+        ) -> MutexGuard<'a, T> {
+            self.0.wait_for(&mut guard, limit);
+            guard
+        }
+
         pub(crate) fn notify_one(&self) {
             self.0.notify_one();
         }
@@ -118,6 +130,21 @@ macro_rules! checked_primitives {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
             }
 
+            /// Neither checker models time: their `wait_timeout` waits
+            /// until notified, so a model that relies on a timeout to make
+            /// progress deadlocks and is reported, rather than passing.
+            #[allow(dead_code)] // only the tasks driver waits with a deadline
+            pub(crate) fn wait_timeout<'a, T>(
+                &self,
+                guard: MutexGuard<'a, T>,
+                limit: std::time::Duration,
+            ) -> MutexGuard<'a, T> {
+                match self.0.wait_timeout(guard, limit) {
+                    Ok((guard, _)) => guard,
+                    Err(poisoned) => poisoned.into_inner().0,
+                }
+            }
+
             pub(crate) fn notify_one(&self) {
                 self.0.notify_one();
             }
@@ -169,3 +196,106 @@ pub(crate) mod cell {
 }
 
 pub(crate) use imp::*;
+
+/// Async tasks, for the [`TokioLookup`](crate::TokioLookup) driver: a
+/// `Spawner` to start tasks on, a `Task` handle to abort them, and a
+/// `timeout` combinator. On tokio by default (feature `tokio`); on
+/// shuttle's executor under `--cfg kvtier_shuttle`, so the same driver code
+/// runs under the checker. loom has no task executor, so under
+/// `--cfg kvtier_loom` the driver is not built.
+#[cfg(all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))))]
+pub(crate) mod task {
+    use std::future::Future;
+    use std::time::Duration;
+
+    /// The runtime tasks are spawned on.
+    pub(crate) type Spawner = tokio::runtime::Handle;
+
+    /// A spawned task, for aborting it.
+    pub(crate) type Task = tokio::task::AbortHandle;
+
+    pub(crate) fn spawn<F>(spawner: &Spawner, future: F) -> Task
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        spawner.spawn(future).abort_handle()
+    }
+
+    /// `future`'s output, or `None` if `limit` passed first.
+    pub(crate) async fn timeout<F: Future>(
+        limit: Option<Duration>,
+        future: F,
+    ) -> Option<F::Output> {
+        match limit {
+            None => Some(future.await),
+            Some(limit) => tokio::time::timeout(limit, future).await.ok(),
+        }
+    }
+}
+
+#[cfg(all(kvtier_shuttle, not(kvtier_loom)))]
+pub(crate) mod task {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use shuttle::rand::RngCore;
+
+    /// shuttle has one executor per test execution.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub(crate) struct Spawner;
+
+    /// A spawned task, for aborting it.
+    pub(crate) type Task = shuttle::future::AbortHandle;
+
+    pub(crate) fn spawn<F>(_: &Spawner, future: F) -> Task
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        shuttle::future::spawn(future).abort_handle()
+    }
+
+    /// shuttle has no clock. A timeout is a race: it fires once the future
+    /// has been polled and found pending a random number (0 to 3) of times,
+    /// drawn from shuttle's seeded random source, so the checker explores
+    /// answers arriving before the deadline, after it, and never.
+    pub(crate) async fn timeout<F: Future>(
+        limit: Option<Duration>,
+        future: F,
+    ) -> Option<F::Output> {
+        match limit {
+            None => Some(future.await),
+            Some(_) => {
+                let patience = shuttle::rand::thread_rng().next_u64() % 4;
+                Race {
+                    future: Box::pin(future),
+                    patience,
+                }
+                .await
+            }
+        }
+    }
+
+    struct Race<F> {
+        future: Pin<Box<F>>,
+        patience: u64,
+    }
+
+    impl<F: Future> Future for Race<F> {
+        type Output = Option<F::Output>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            if let Poll::Ready(output) = self.future.as_mut().poll(cx) {
+                return Poll::Ready(Some(output));
+            }
+            if self.patience == 0 {
+                return Poll::Ready(None);
+            }
+            self.patience -= 1;
+            // The "clock" ticks on every scheduling of this task.
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}

@@ -9,6 +9,10 @@
 //! - [`checked`]: the real threaded driver with the specification alongside,
 //!   compared after every operation (the oracle of the loom, shuttle and
 //!   driver-fuzz models).
+//! - [`checked_tasks`]: the concurrent-group [`kvtier::TokioLookup`] driver
+//!   with the specification alongside; groups may be applied in any order,
+//!   so it replays the order the driver records (its shuttle models and its
+//!   stress test on tokio).
 //! - [`lockstep`]: the table and the specification driven by one operation
 //!   sequence (the differential test and the table fuzz target).
 //! - [`fuzzing`]: the bodies of the cargo-fuzz targets, replayed on stable by
@@ -25,6 +29,8 @@
 //!   under the model checkers.
 
 pub mod checked;
+#[cfg(not(kvtier_loom))]
+pub mod checked_tasks;
 pub mod checkers;
 pub mod conformance;
 pub mod fuzzing;

@@ -64,6 +64,27 @@ where
     }
 }
 
+/// How one backend call for a group ended, before it becomes a result.
+pub(crate) enum CallEnd {
+    /// The call returned answers (collected into `found`); `surplus` says
+    /// whether there were more than keys.
+    Answers { surplus: bool },
+    /// The call returned an error, formatted.
+    Error(String),
+    /// The call, or consuming its answers, panicked; the panic's message.
+    Panic(String),
+    /// The call did not finish within the driver's timeout (only the tasks
+    /// driver has one).
+    #[cfg_attr(
+        not(any(
+            all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
+            all(kvtier_shuttle, not(kvtier_loom))
+        )),
+        allow(dead_code)
+    )]
+    TimedOut,
+}
+
 /// Probes one group, turning every fault into misses (see [`LookupBackend`]).
 pub(crate) fn probe_group<K, R, B>(backend: &mut B, group: Group<K, R>) -> GroupResult<K>
 where
@@ -77,15 +98,28 @@ where
         // call, consuming a lazy answer iterator, dropping it, and formatting
         // the error.
         match backend.batch_lookup(group.keys(), group.request()) {
-            Ok(answers) => Ok(collect_answers(answers, limit, &mut found)),
-            Err(error) => Err(error.to_string()),
+            Ok(answers) => CallEnd::Answers {
+                surplus: collect_answers(answers, limit, &mut found),
+            },
+            Err(error) => CallEnd::Error(error.to_string()),
         }
     }));
-    // Each fault is logged where its outcome is decided, so the log and the
-    // counters the table keeps from the outcome cannot disagree.
+    let end = call.unwrap_or_else(|payload| CallEnd::Panic(panic_message(payload.as_ref())));
+    settle(group, found, end)
+}
+
+/// Turns how a call ended into the group's result, logging each fault where
+/// its outcome is decided, so the log and the counters the table keeps from
+/// the outcome cannot disagree. Every driver ends every call here.
+pub(crate) fn settle<K, R: Request>(
+    group: Group<K, R>,
+    found: Vec<bool>,
+    end: CallEnd,
+) -> GroupResult<K> {
     let request = group.request().id();
-    let outcome = match call {
-        Ok(Ok(surplus)) => {
+    let limit = group.len();
+    let outcome = match end {
+        CallEnd::Answers { surplus } => {
             let outcome = GroupOutcome::of_answers(found.len(), limit, surplus);
             match outcome {
                 GroupOutcome::Short { answered } => tracing::warn!(
@@ -103,20 +137,28 @@ where
             }
             outcome
         }
-        Ok(Err(error)) => {
+        CallEnd::Error(error) => {
             tracing::warn!(
                 ?request, keys = limit, %error,
                 "backend lookup failed; the group's keys are misses"
             );
             GroupOutcome::BackendError
         }
-        Err(payload) => {
+        CallEnd::Panic(message) => {
             let answered = found.len().min(limit);
             tracing::error!(
-                ?request, keys = limit, answered, panic = %panic_message(payload.as_ref()),
+                ?request, keys = limit, answered, panic = %message,
                 "backend panicked; unanswered keys are misses"
             );
             GroupOutcome::BackendPanic { answered }
+        }
+        CallEnd::TimedOut => {
+            tracing::warn!(
+                ?request,
+                keys = limit,
+                "backend did not answer within the group timeout; the group's keys are misses"
+            );
+            GroupOutcome::TimedOut
         }
     };
     group.finish(found, outcome)

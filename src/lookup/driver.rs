@@ -6,12 +6,12 @@ use std::collections::VecDeque;
 use std::hash::Hash;
 
 use super::backend::{LookupBackend, probe_group};
+use super::front::{Front, Published};
 use super::stats::Stats;
-use super::submission::{GroupResult, Submission};
+use super::submission::Submission;
 use super::table::LookupTable;
 use super::types::{Request, Ticket, Verdict};
 use crate::fault::panic_message;
-use crate::publish::PublishStack;
 use crate::sync::{Arc, Condvar, Mutex, thread};
 
 /// Why a driver call could not be carried out.
@@ -28,6 +28,17 @@ pub enum LookupError {
     /// kvtier bug; keys it had in flight stay pending. Shut the driver down.
     #[error("the lookup worker thread stopped unexpectedly: {0}")]
     WorkerLost(String),
+    /// A driver setting is out of range; the message says which and why.
+    #[error("invalid lookup driver configuration: {0}")]
+    Config(String),
+    /// Shutdown aborted tasks that did not stop within the cancellation
+    /// bound (a backend blocking its thread inside a future); their groups'
+    /// keys stay in flight in the (now read-only) table.
+    #[error("{groups} lookup groups did not stop after being cancelled")]
+    Stuck {
+        /// Groups never published.
+        groups: u64,
+    },
 }
 
 /// The scheduler → worker side, guarded by one mutex.
@@ -48,8 +59,6 @@ struct Shared<K, R> {
     work_ready: Condvar,
     /// Signals the scheduler: `completed` grew, or the worker exited.
     progress: Condvar,
-    /// Worker → scheduler, one node per finished group.
-    published: PublishStack<GroupResult<K>>,
 }
 
 /// Async secondary-tier lookup: a [`LookupTable`] driven by a worker thread
@@ -86,7 +95,7 @@ struct Shared<K, R> {
 /// # Ok::<(), kvtier::LookupError>(())
 /// ```
 pub struct AsyncLookup<K, R: Request, B> {
-    table: LookupTable<K, R>,
+    front: Front<K, R>,
     shared: Arc<Shared<K, R>>,
     worker: Option<thread::JoinHandle<()>>,
     _backend: std::marker::PhantomData<fn(B)>,
@@ -115,15 +124,16 @@ where
             }),
             work_ready: Condvar::new(),
             progress: Condvar::new(),
-            published: PublishStack::new(),
         });
+        let front = Front::new();
         let worker_shared = shared.clone();
+        let published = front.publisher();
         let worker = thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || run_worker(&worker_shared, backend))
+            .spawn(move || run_worker(&worker_shared, &published, backend))
             .map_err(LookupError::Spawn)?;
         Ok(Self {
-            table: LookupTable::new(),
+            front,
             shared,
             worker: Some(worker),
             _backend: std::marker::PhantomData,
@@ -135,8 +145,7 @@ where
     /// first, so an answer published mid-step is seen by the very next call.
     pub fn lookup(&mut self, key: &K, request: &R) -> Result<Verdict<K>, LookupError> {
         self.ensure_open()?;
-        self.apply_published();
-        Ok(self.table.lookup(key, request))
+        Ok(self.front.lookup(key, request))
     }
 
     /// Ends the step: hands the keys looked up for the first time since the
@@ -144,8 +153,7 @@ where
     /// the worker. Returns how many keys were handed over.
     pub fn flush(&mut self) -> Result<usize, LookupError> {
         self.ensure_open()?;
-        self.apply_published();
-        let Some(submission) = self.table.take_submission() else {
+        let Some(submission) = self.front.take_submission() else {
             return Ok(0);
         };
         let keys = submission.key_count();
@@ -163,7 +171,7 @@ where
     /// Applies every group result the worker has published; returns how many.
     pub fn drain(&mut self) -> Result<usize, LookupError> {
         self.ensure_open()?;
-        Ok(self.apply_published())
+        Ok(self.front.apply_published())
     }
 
     /// Blocks until the worker has answered every flushed submission, then
@@ -181,15 +189,14 @@ where
             queue = self.shared.progress.wait(queue);
         }
         drop(queue);
-        Ok(self.apply_published())
+        Ok(self.front.apply_published())
     }
 
     /// Turns the hit recorded by `ticket` into a miss after its load failed;
     /// a ticket of an older generation is a no-op (see [`LookupTable::mark_miss`]).
     pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> Result<bool, LookupError> {
         self.ensure_open()?;
-        self.apply_published();
-        Ok(self.table.mark_miss(ticket))
+        Ok(self.front.mark_miss(ticket))
     }
 
     /// Turns resolved hits of `keys` into misses (see [`LookupTable::mark_miss_keys`]).
@@ -201,27 +208,37 @@ where
         K: 'k,
     {
         self.ensure_open()?;
-        self.apply_published();
-        Ok(self.table.mark_miss_keys(keys))
+        Ok(self.front.mark_miss_keys(keys))
     }
 
     /// Forgets request `id` (see [`LookupTable::cleanup`]).
     pub fn cleanup(&mut self, id: &R::Id) -> Result<(), LookupError> {
         self.ensure_open()?;
-        self.apply_published();
-        self.table.cleanup(id);
+        self.front.cleanup(id);
         Ok(())
+    }
+
+    /// Starts or stops recording the order in which group results are
+    /// applied (see [`LookupTable::record_applied`]).
+    pub fn record_applied(&mut self, on: bool) {
+        self.front.record_applied(on);
+    }
+
+    /// The applied groups recorded since the last call (see
+    /// [`LookupTable::take_applied`]).
+    pub fn take_applied(&mut self) -> Vec<(u64, crate::GroupOutcome)> {
+        self.front.take_applied()
     }
 
     /// A snapshot of the counters of everything applied so far. Available
     /// after shutdown too.
     pub fn stats(&self) -> Stats {
-        self.table.stats()
+        self.front.stats()
     }
 
     /// The table, read-only. Available after shutdown too.
     pub fn table(&self) -> &LookupTable<K, R> {
-        &self.table
+        self.front.table()
     }
 
     /// Lets the worker finish every queued submission, joins it and applies
@@ -232,7 +249,7 @@ where
     /// makes this wait forever (timeouts belong to the async adapter).
     pub fn shutdown(&mut self) -> Result<(), LookupError> {
         let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;
-        self.apply_published();
+        self.front.apply_published();
         joined.map_err(|payload| LookupError::WorkerLost(panic_message(payload.as_ref())))
     }
 }
@@ -252,26 +269,6 @@ impl<K, R: Request, B> AsyncLookup<K, R, B> {
             Some(_) => Ok(()),
             None => Err(LookupError::ShutDown),
         }
-    }
-}
-
-impl<K, R, B> AsyncLookup<K, R, B>
-where
-    K: Eq + Hash + Clone,
-    R: Request,
-{
-    /// The scheduler's only contact with the worker's answers.
-    fn apply_published(&mut self) -> usize {
-        // L5: one atomic load when nothing was published.
-        if self.shared.published.is_empty() {
-            return 0;
-        }
-        let results = self.shared.published.take_all();
-        let applied = results.len();
-        for result in results {
-            self.table.apply(result);
-        }
-        applied
     }
 }
 
@@ -298,7 +295,7 @@ impl<K, R> Drop for ExitGuard<'_, K, R> {
     }
 }
 
-fn run_worker<K, R, B>(shared: &Shared<K, R>, mut backend: B)
+fn run_worker<K, R, B>(shared: &Shared<K, R>, published: &Published<K>, mut backend: B)
 where
     R: Request,
     B: LookupBackend<K, R>,
@@ -320,7 +317,7 @@ where
         for group in submission.into_groups() {
             // Seed 000: each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
-            shared.published.push(probe_group(&mut backend, group));
+            published.push(probe_group(&mut backend, group));
         }
         shared.queue.lock().completed += 1;
         shared.progress.notify_all();

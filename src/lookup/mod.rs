@@ -6,9 +6,15 @@
 
 mod backend;
 mod driver;
+mod front;
 mod stats;
 mod submission;
 mod table;
+#[cfg(any(
+    all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
+    all(kvtier_shuttle, not(kvtier_loom))
+))]
+mod tasks;
 mod types;
 
 pub use backend::LookupBackend;
@@ -16,4 +22,9 @@ pub use driver::{AsyncLookup, LookupError};
 pub use stats::Stats;
 pub use submission::{Group, GroupOutcome, GroupResult, Submission};
 pub use table::LookupTable;
+#[cfg(any(
+    all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
+    all(kvtier_shuttle, not(kvtier_loom))
+))]
+pub use tasks::{AsyncLookupBackend, TokioConfig, TokioLookup};
 pub use types::{Generation, KeyState, Phase, Request, Ticket, Verdict};

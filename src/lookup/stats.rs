@@ -43,4 +43,10 @@ pub struct Stats {
     pub short_results: u64,
     /// Groups answered with more answers than keys (the surplus was ignored).
     pub surplus_results: u64,
+    /// Groups the backend did not answer within the per-group timeout of the
+    /// [`TokioLookup`](crate::TokioLookup) driver (all keys became misses).
+    pub timeouts: u64,
+    /// Groups cancelled unanswered at shutdown, or because the runtime
+    /// running them went away (all keys became misses).
+    pub cancelled: u64,
 }

@@ -34,6 +34,7 @@ impl<K, R> Submission<K, R> {
 /// of the state it was submitted for.
 #[derive(Debug)]
 pub struct Group<K, R> {
+    pub(crate) seq: u64,
     pub(crate) request: R,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
@@ -42,10 +43,19 @@ pub struct Group<K, R> {
 impl<K, R> Group<K, R> {
     pub(crate) fn new(request: R) -> Self {
         Self {
+            seq: 0,
             request,
             keys: Vec::new(),
             generations: Vec::new(),
         }
+    }
+
+    /// The group's sequence number: groups are numbered 0, 1, 2, ... in the
+    /// order the table handed them out, over all submissions (so the `n`-th
+    /// group ever submitted has `seq() == n`). Results carry it back, which
+    /// lets logs and checkers tell groups apart when they finish out of order.
+    pub fn seq(&self) -> u64 {
+        self.seq
     }
 
     /// The request whose lookups created these keys' states, passed to the
@@ -97,6 +107,7 @@ impl<K, R> Group<K, R> {
         // stay in flight forever (the reference's `zip` defect).
         found.resize(self.keys.len(), false);
         GroupResult {
+            seq: self.seq,
             keys: self.keys,
             generations: self.generations,
             found,
@@ -143,6 +154,12 @@ pub enum GroupOutcome {
         /// Answers received before the panic.
         answered: usize,
     },
+    /// The backend did not answer within the driver's per-group timeout;
+    /// every key is a miss.
+    TimedOut,
+    /// The group was never answered because the driver shut down (or its
+    /// runtime went away) first; every key is a miss.
+    Cancelled,
 }
 
 impl GroupOutcome {
@@ -166,6 +183,7 @@ impl GroupOutcome {
 /// table can drop answers for states that were cleaned up or recreated since.
 #[derive(Debug)]
 pub struct GroupResult<K> {
+    pub(crate) seq: u64,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
     pub(crate) found: Vec<bool>,
@@ -173,6 +191,11 @@ pub struct GroupResult<K> {
 }
 
 impl<K> GroupResult<K> {
+    /// The sequence number of the group this answers (see [`Group::seq`]).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// How the backend dealt with the group.
     pub fn outcome(&self) -> GroupOutcome {
         self.outcome

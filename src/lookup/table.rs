@@ -70,6 +70,9 @@ pub struct LookupTable<K, R: Request> {
     batch_groups: HashMap<R::Id, usize>,
     next_generation: u64,
     stats: Stats,
+    /// `(seq, outcome)` of every applied group, in application order, while
+    /// recording is on (see [`LookupTable::record_applied`]).
+    applied_log: Option<Vec<(u64, GroupOutcome)>>,
 }
 
 impl<K, R: Request> Default for LookupTable<K, R> {
@@ -81,6 +84,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             batch_groups: HashMap::new(),
             next_generation: 0,
             stats: Stats::default(),
+            applied_log: None,
         }
     }
 }
@@ -205,6 +209,9 @@ where
         if groups.is_empty() {
             return None;
         }
+        for (seq, group) in (self.stats.groups_submitted..).zip(&mut groups) {
+            group.seq = seq;
+        }
         self.stats.groups_submitted += groups.len() as u64;
         self.stats.keys_submitted += groups.iter().map(|g| g.len() as u64).sum::<u64>();
         Some(Submission { groups })
@@ -224,6 +231,11 @@ where
             GroupOutcome::Surplus => self.stats.surplus_results += 1,
             GroupOutcome::BackendError => self.stats.backend_errors += 1,
             GroupOutcome::BackendPanic { .. } => self.stats.backend_panics += 1,
+            GroupOutcome::TimedOut => self.stats.timeouts += 1,
+            GroupOutcome::Cancelled => self.stats.cancelled += 1,
+        }
+        if let Some(log) = &mut self.applied_log {
+            log.push((result.seq, result.outcome));
         }
         let entries = result
             .keys
@@ -321,6 +333,21 @@ where
         }
     }
 
+    /// Starts (or stops) recording which groups are applied, in order, with
+    /// their outcomes; [`take_applied`](Self::take_applied) hands the record
+    /// over. Off by default. For checkers and debugging: with groups
+    /// answered concurrently the record is the only way to know the order in
+    /// which answers reached the table.
+    pub fn record_applied(&mut self, on: bool) {
+        self.applied_log = on.then(Vec::new);
+    }
+
+    /// `(seq, outcome)` of every group applied since recording started or
+    /// since the last call, in application order (empty when not recording).
+    pub fn take_applied(&mut self) -> Vec<(u64, GroupOutcome)> {
+        self.applied_log.as_mut().map(mem::take).unwrap_or_default()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         self.stats
@@ -401,6 +428,7 @@ mod tests {
 
     fn result_for(key: u64, generation: Generation, found: bool) -> GroupResult<u64> {
         GroupResult {
+            seq: 0,
             keys: vec![key],
             generations: vec![generation],
             found: vec![found],

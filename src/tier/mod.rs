@@ -1,0 +1,82 @@
+//! Secondary tiers that store KV blocks: a directory tree ([`FsTier`],
+//! feature `fs`) and any `object_store` backend ([`ObjectTier`], feature
+//! `object-store`: S3 and S3-compatible servers, local files, memory).
+//!
+//! Both name a block the same way (`<namespace>/<hex[..3]>/<hex[3..5]>/<hex>.bin`,
+//! see [`BlockKey`]) and store it in the same checked format (a header with
+//! length and CRC-32), answer lookup groups for the drivers, and hand out
+//! save tasks for the [`SaveTracker`](crate::SaveTracker).
+
+mod format;
+#[cfg(feature = "fs")]
+mod fs;
+mod key;
+#[cfg(feature = "object-store")]
+mod object;
+#[cfg(feature = "fs")]
+mod pool;
+
+use std::path::{Path, PathBuf};
+
+pub use format::Corruption;
+#[cfg(feature = "fs")]
+pub use fs::{FsOptions, FsSaveTask, FsTier};
+pub use key::BlockKey;
+#[cfg(feature = "object-store")]
+pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats, S3Options};
+
+/// Why a tier operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// The root directory given to a file-system tier is missing or is not
+    /// a directory.
+    #[error("tier root {} does not exist or is not a directory", .0.display())]
+    MissingRoot(PathBuf),
+    /// The namespace could climb out of the tier or is malformed.
+    #[error("invalid namespace: {0}")]
+    Namespace(String),
+    /// A setting is out of range, or a location cannot be used.
+    #[error("invalid tier configuration: {0}")]
+    Config(String),
+    /// A file-system operation failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// To which path.
+        path: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The object store refused or failed an operation.
+    #[error("object store cannot {op} {location}: {source}")]
+    Store {
+        /// What was being done.
+        op: &'static str,
+        /// The object's location.
+        location: String,
+        /// The store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Stored bytes are not a whole, intact block.
+    #[error("block {location} is damaged: {kind}")]
+    Corrupt {
+        /// The file or object.
+        location: String,
+        /// What is wrong with it.
+        kind: Corruption,
+    },
+}
+
+impl TierError {
+    #[cfg_attr(not(feature = "fs"), allow(dead_code))]
+    pub(crate) fn io(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}

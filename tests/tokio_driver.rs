@@ -1,0 +1,466 @@
+//! Behaviour of the tokio driver: concurrent groups published as they finish,
+//! FIFO with one slot, per-group timeouts, faults, shutdown that never hangs,
+//! and the shared generation rules. Each test that could hang on a bug runs
+//! under a watchdog that fails it instead (a bound for hangs, not a speed
+//! target: nothing here asserts how long anything takes).
+#![cfg(feature = "tokio")]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvtier::{
+    AsyncLookupBackend, GroupOutcome, LookupError, Phase, TokioConfig, TokioLookup, Verdict,
+};
+use tokio::sync::Notify;
+
+/// What the test backend does for a request's group.
+#[derive(Clone)]
+enum Act {
+    /// Even keys are stored.
+    Answer,
+    /// Waits for the gate, then answers like `Answer`.
+    Gated(Arc<Notify>),
+    /// Never answers.
+    Hang,
+    Error,
+    /// Panics before returning a future.
+    PanicOnCall,
+    /// Panics on the first poll.
+    PanicOnPoll,
+    /// Answers half the keys.
+    Short,
+    /// Answers every key and one more.
+    Surplus,
+}
+
+/// Acts per request (default `Answer`) and reports each call as it starts.
+struct Backend {
+    acts: HashMap<String, Act>,
+    started: Mutex<Sender<String>>,
+}
+
+impl AsyncLookupBackend<u64, String> for Backend {
+    type Error = String;
+
+    fn batch_lookup(
+        &self,
+        keys: &[u64],
+        request: &String,
+    ) -> impl Future<Output = Result<Vec<bool>, String>> + Send {
+        let act = self.acts.get(request).cloned().unwrap_or(Act::Answer);
+        let _ = self.started.lock().unwrap().send(request.clone());
+        if let Act::PanicOnCall = act {
+            panic!("backend exploded while starting {request}");
+        }
+        let even = || keys.iter().map(|key| key % 2 == 0).collect::<Vec<bool>>();
+        async move {
+            match act {
+                Act::Answer => Ok(even()),
+                Act::Gated(gate) => {
+                    gate.notified().await;
+                    Ok(even())
+                }
+                Act::Hang => std::future::pending().await,
+                Act::Error => Err(format!("bucket unreachable for {request}")),
+                Act::PanicOnCall => unreachable!(),
+                Act::PanicOnPoll => panic!("backend exploded while probing {request}"),
+                Act::Short => Ok(even()[..keys.len() / 2].to_vec()),
+                Act::Surplus => {
+                    let mut answers = even();
+                    answers.push(true);
+                    Ok(answers)
+                }
+            }
+        }
+    }
+}
+
+fn backend(acts: &[(&str, Act)]) -> (Backend, Receiver<String>) {
+    let (started, rx) = channel();
+    let backend = Backend {
+        acts: acts
+            .iter()
+            .map(|(request, act)| (request.to_string(), act.clone()))
+            .collect(),
+        started: Mutex::new(started),
+    };
+    (backend, rx)
+}
+
+fn req(name: &str) -> String {
+    name.to_owned()
+}
+
+/// Runs `test` on a thread and fails if it has not finished after 60 s.
+fn watchdog(test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = channel();
+    let worker = std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => worker.join().unwrap(),
+        // The test panicked (and dropped the sender): report its panic.
+        Err(RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(RecvTimeoutError::Timeout) => panic!("hung: the test did not finish within 60 s"),
+    }
+}
+
+/// Asks for `key` until it is no longer pending (the driver publishes in
+/// the background); fails after 30 s.
+fn settle(
+    driver: &mut TokioLookup<u64, String, Backend>,
+    key: u64,
+    request: &String,
+) -> Verdict<u64> {
+    for _ in 0..30_000 {
+        let verdict = driver.lookup(&key, request).unwrap();
+        if !verdict.is_pending() {
+            return verdict;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("key {key} still pending after 30 s");
+}
+
+#[test]
+fn a_fast_group_queued_behind_a_slow_one_is_published_first() {
+    watchdog(|| {
+        let gate = Arc::new(Notify::new());
+        let (backend, started) = backend(&[("slow", Act::Gated(gate.clone()))]);
+        let config = TokioConfig::default()
+            .max_concurrent_groups(2)
+            .group_timeout(None);
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        driver.record_applied(true);
+        let (slow, fast) = (req("slow"), req("fast"));
+        assert!(driver.lookup(&2, &slow).unwrap().is_pending());
+        assert!(driver.lookup(&4, &fast).unwrap().is_pending());
+        assert_eq!(driver.flush().unwrap(), 2);
+
+        // The fast group (submitted second) resolves while the slow one is
+        // still held at its gate.
+        assert!(settle(&mut driver, 4, &fast).is_hit());
+        assert_eq!(driver.lookup(&2, &slow).unwrap(), Verdict::Pending);
+        assert_eq!(driver.outstanding_groups(), 1);
+        let mut calls: Vec<String> = started.try_iter().collect();
+        calls.sort();
+        assert_eq!(calls, ["fast", "slow"]);
+
+        gate.notify_one();
+        assert!(settle(&mut driver, 2, &slow).is_hit());
+        assert_eq!(
+            driver.take_applied(),
+            [(1, GroupOutcome::Answered), (0, GroupOutcome::Answered)],
+            "group 1 (fast) reached the table before group 0 (slow)"
+        );
+        driver.shutdown().unwrap();
+        assert_eq!(driver.stats().anomalies, 0);
+    });
+}
+
+#[test]
+fn with_one_slot_groups_are_probed_and_published_in_submission_order() {
+    watchdog(|| {
+        let gate = Arc::new(Notify::new());
+        let (backend, started) = backend(&[("slow", Act::Gated(gate.clone()))]);
+        let config = TokioConfig::default()
+            .max_concurrent_groups(1)
+            .group_timeout(None);
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        driver.record_applied(true);
+        let (slow, fast) = (req("slow"), req("fast"));
+        driver.lookup(&2, &slow).unwrap();
+        driver.lookup(&4, &fast).unwrap();
+        driver.flush().unwrap();
+        // A second step's group queues behind both.
+        driver.lookup(&6, &fast).unwrap();
+        driver.flush().unwrap();
+
+        assert_eq!(started.recv().unwrap(), "slow");
+        // While the slow group is held, nothing behind it starts.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(started.try_recv().is_err(), "a second group started early");
+        assert_eq!(driver.lookup(&4, &fast).unwrap(), Verdict::Pending);
+
+        gate.notify_one();
+        driver.wait_idle().unwrap();
+        assert_eq!(started.try_iter().collect::<Vec<_>>(), ["fast", "fast"]);
+        assert_eq!(
+            driver.take_applied(),
+            [
+                (0, GroupOutcome::Answered),
+                (1, GroupOutcome::Answered),
+                (2, GroupOutcome::Answered)
+            ]
+        );
+        assert!(driver.lookup(&6, &fast).unwrap().is_hit());
+    });
+}
+
+#[test]
+fn a_group_that_outlives_its_timeout_becomes_misses_and_is_counted() {
+    watchdog(|| {
+        let (backend, _started) = backend(&[("hung", Act::Hang)]);
+        let config = TokioConfig::default()
+            .max_concurrent_groups(2)
+            .group_timeout(Some(Duration::from_millis(50)));
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        let (hung, fine) = (req("hung"), req("fine"));
+        driver.lookup(&2, &hung).unwrap();
+        driver.lookup(&4, &hung).unwrap();
+        driver.lookup(&6, &fine).unwrap();
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&2, &hung).unwrap().is_miss());
+        assert!(driver.lookup(&4, &hung).unwrap().is_miss());
+        assert!(driver.lookup(&6, &fine).unwrap().is_hit());
+        let stats = driver.stats();
+        assert_eq!(stats.timeouts, 1);
+        assert_eq!(stats.groups_applied, 2);
+        driver.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn backend_faults_become_misses_and_are_counted_and_the_driver_keeps_serving() {
+    watchdog(|| {
+        let (backend, _started) = backend(&[
+            ("error", Act::Error),
+            ("panic-call", Act::PanicOnCall),
+            ("panic-poll", Act::PanicOnPoll),
+            ("short", Act::Short),
+            ("surplus", Act::Surplus),
+        ]);
+        let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
+        for (i, name) in ["error", "panic-call", "panic-poll", "short", "surplus"]
+            .into_iter()
+            .enumerate()
+        {
+            let base = 10 * i as u64;
+            driver.lookup(&base, &req(name)).unwrap();
+            driver.lookup(&(base + 2), &req(name)).unwrap();
+        }
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        let verdicts = |driver: &mut TokioLookup<u64, String, Backend>, name: &str, base: u64| {
+            [
+                driver.lookup(&base, &req(name)).unwrap().is_hit(),
+                driver.lookup(&(base + 2), &req(name)).unwrap().is_hit(),
+            ]
+        };
+        assert_eq!(verdicts(&mut driver, "error", 0), [false, false]);
+        assert_eq!(verdicts(&mut driver, "panic-call", 10), [false, false]);
+        assert_eq!(verdicts(&mut driver, "panic-poll", 20), [false, false]);
+        assert_eq!(verdicts(&mut driver, "short", 30), [true, false]);
+        assert_eq!(verdicts(&mut driver, "surplus", 40), [true, true]);
+        let stats = driver.stats();
+        assert_eq!(stats.backend_errors, 1);
+        assert_eq!(stats.backend_panics, 2);
+        assert_eq!(stats.short_results, 1);
+        assert_eq!(stats.surplus_results, 1);
+
+        // Still serving after the panics.
+        driver.lookup(&100, &req("later")).unwrap();
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&100, &req("later")).unwrap().is_hit());
+        driver.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn defect_6_shutdown_cancels_a_hung_backend_instead_of_waiting_for_it() {
+    watchdog(|| {
+        let (backend, started) = backend(&[("hung", Act::Hang)]);
+        // No timeout at all: only shutdown's grace bounds the wait.
+        let config = TokioConfig::default()
+            .max_concurrent_groups(1)
+            .group_timeout(None)
+            .shutdown_grace(Duration::from_millis(100));
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        driver.lookup(&2, &req("hung")).unwrap();
+        driver.lookup(&4, &req("queued")).unwrap();
+        driver.flush().unwrap();
+        assert_eq!(started.recv().unwrap(), "hung");
+        assert_eq!(driver.outstanding_groups(), 2);
+
+        driver.shutdown().unwrap();
+        let stats = driver.stats();
+        assert_eq!(
+            stats.cancelled, 2,
+            "the hung group and the one queued behind it"
+        );
+        assert_eq!(stats.groups_applied, stats.groups_submitted);
+        for key in [2, 4] {
+            let state = driver.table().key_state(&key).unwrap();
+            assert_eq!(state.phase, Phase::Resolved { found: false });
+        }
+        assert!(matches!(driver.flush(), Err(LookupError::ShutDown)));
+        assert!(matches!(driver.shutdown(), Err(LookupError::ShutDown)));
+    });
+}
+
+#[test]
+fn shutdown_lets_outstanding_groups_finish_within_the_grace_period() {
+    watchdog(|| {
+        let gate = Arc::new(Notify::new());
+        let (backend, started) = backend(&[("slow", Act::Gated(gate.clone()))]);
+        let config = TokioConfig::default().shutdown_grace(Duration::from_secs(30));
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        driver.lookup(&2, &req("slow")).unwrap();
+        driver.flush().unwrap();
+        assert_eq!(started.recv().unwrap(), "slow");
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            gate.notify_one();
+        });
+        driver.shutdown().unwrap();
+        opener.join().unwrap();
+        assert_eq!(driver.stats().cancelled, 0);
+        assert_eq!(
+            driver.table().key_state(&2).unwrap().phase,
+            Phase::Resolved { found: true }
+        );
+    });
+}
+
+#[test]
+fn generation_rules_are_the_tables_a_new_request_joins_an_in_flight_probe_and_an_orphan_is_dropped()
+{
+    watchdog(|| {
+        let first = Arc::new(Notify::new());
+        let second = Arc::new(Notify::new());
+        let (backend, started) = backend(&[
+            ("old", Act::Gated(first.clone())),
+            ("gone", Act::Gated(second.clone())),
+        ]);
+        let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
+        driver.lookup(&2, &req("old")).unwrap();
+        driver.lookup(&4, &req("gone")).unwrap();
+        driver.flush().unwrap();
+        let mut calls = vec![started.recv().unwrap(), started.recv().unwrap()];
+        calls.sort();
+        assert_eq!(calls, ["gone", "old"]);
+        // "old" ends while its probe is in flight and "new" asks for the same
+        // key: it joins the probe instead of starting another.
+        driver.cleanup(&req("old")).unwrap();
+        assert_eq!(driver.lookup(&2, &req("new")).unwrap(), Verdict::Pending);
+        assert_eq!(driver.flush().unwrap(), 0);
+        // "gone" ends and nobody joins: its answer is an orphan.
+        driver.cleanup(&req("gone")).unwrap();
+        first.notify_one();
+        second.notify_one();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&2, &req("new")).unwrap().is_hit());
+        assert!(driver.table().key_state(&4).is_none(), "orphan removed");
+        // A later request for key 4 probes afresh, under a new generation.
+        assert_eq!(driver.lookup(&4, &req("later")).unwrap(), Verdict::Pending);
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&4, &req("later")).unwrap().is_hit());
+        assert_eq!(started.try_iter().collect::<Vec<_>>(), ["later"]);
+        let stats = driver.stats();
+        assert_eq!(stats.orphans_dropped, 1);
+        assert_eq!(stats.anomalies, 0);
+        driver.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn groups_run_on_the_callers_runtime_and_are_cancelled_if_it_goes_away() {
+    watchdog(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (backend, started) = backend(&[("hung", Act::Hang)]);
+        let config = TokioConfig::default().group_timeout(None);
+        let mut driver =
+            TokioLookup::with_handle(backend, config, runtime.handle().clone()).unwrap();
+        driver.lookup(&2, &req("fine")).unwrap();
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&2, &req("fine")).unwrap().is_hit());
+
+        driver.lookup(&4, &req("hung")).unwrap();
+        driver.flush().unwrap();
+        assert_eq!(started.recv().unwrap(), "fine");
+        assert_eq!(started.recv().unwrap(), "hung");
+        // The embedder's runtime shuts down under the driver: its tasks are
+        // dropped, and the hung group is published as cancelled.
+        drop(runtime);
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&4, &req("hung")).unwrap().is_miss());
+        // Later groups cannot run at all; they are cancelled, not stranded.
+        driver.lookup(&6, &req("after")).unwrap();
+        driver.flush().unwrap();
+        driver.wait_idle().unwrap();
+        assert!(driver.lookup(&6, &req("after")).unwrap().is_miss());
+        assert_eq!(driver.stats().cancelled, 2);
+        driver.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn dropping_the_driver_inside_an_async_context_does_not_hang() {
+    watchdog(|| {
+        let (backend, _started) = backend(&[("hung", Act::Hang)]);
+        let config = TokioConfig::default()
+            .group_timeout(None)
+            .shutdown_grace(Duration::ZERO);
+        let mut driver = TokioLookup::new(backend, config).unwrap();
+        driver.lookup(&2, &req("hung")).unwrap();
+        driver.flush().unwrap();
+        let outer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        outer.block_on(async move { drop(driver) });
+    });
+}
+
+#[test]
+fn invalid_settings_are_refused_with_a_reason() {
+    let refuse = |config: TokioConfig| {
+        let (backend, _) = backend(&[]);
+        match TokioLookup::<u64, String, Backend>::new(backend, config) {
+            Err(LookupError::Config(reason)) => reason,
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("accepted"),
+        }
+    };
+    assert!(refuse(TokioConfig::default().max_concurrent_groups(0)).contains("at least 1"));
+    assert!(refuse(TokioConfig::default().group_timeout(Some(Duration::ZERO))).contains("zero"));
+    assert!(refuse(TokioConfig::default().worker_threads(0)).contains("worker_threads"));
+}
+
+#[test]
+fn calls_after_shutdown_are_refused_but_stats_and_table_remain() {
+    let (backend, _) = backend(&[]);
+    let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
+    driver.lookup(&2, &req("a")).unwrap();
+    driver.flush().unwrap();
+    driver.shutdown().unwrap();
+    assert_eq!(driver.stats().groups_applied, 1);
+    assert_eq!(driver.table().len(), 1);
+    assert!(matches!(
+        driver.lookup(&2, &req("a")),
+        Err(LookupError::ShutDown)
+    ));
+    assert!(matches!(driver.drain(), Err(LookupError::ShutDown)));
+    assert!(matches!(driver.wait_idle(), Err(LookupError::ShutDown)));
+    assert!(matches!(
+        driver.cleanup(&req("a")),
+        Err(LookupError::ShutDown)
+    ));
+    assert!(matches!(
+        driver.mark_miss_keys([&2]),
+        Err(LookupError::ShutDown)
+    ));
+}
