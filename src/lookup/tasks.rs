@@ -268,7 +268,9 @@ where
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.worker_threads)
             .thread_name("kvtier-lookup")
-            .enable_time()
+            // Timers for the group timeout, and I/O for network backends
+            // (whatever this build of tokio has).
+            .enable_all()
             .build()
             .map_err(LookupError::Spawn)?;
         let mut driver = Self::start(backend, &config, runtime.handle().clone());

@@ -81,3 +81,4 @@ pub fn next_call(started: &Receiver<Call>) -> Call {
 pub fn req(id: &str) -> String {
     id.to_owned()
 }
+pub mod moto;

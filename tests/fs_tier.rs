@@ -1,0 +1,378 @@
+//! The file-system tier on real temporary directories: layout, atomic
+//! publication under concurrent save and lookup, refused writes, damaged
+//! and foreign files, bad roots and namespaces, and both lookup drivers and
+//! the save tracker running on it.
+#![cfg(feature = "fs")]
+
+use std::fs;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kvtier::{
+    AsyncLookup, BlockKey, Corruption, FsOptions, FsTier, SaveScheduler, SaveTracker, StoreTask,
+    TaskError, TierError, Verdict,
+};
+
+fn tier() -> (tempfile::TempDir, FsTier) {
+    let root = tempfile::tempdir().unwrap();
+    let tier = FsTier::open(root.path(), "model-a/cfg-1/rank0").unwrap();
+    (root, tier)
+}
+
+/// A payload that names its own version: `version` repeated, a length that
+/// depends on it, so a mixed or partial block cannot pass for a real one.
+fn payload(version: u32) -> Vec<u8> {
+    let len = 64 + (version as usize * 97) % 8192;
+    version
+        .to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
+}
+
+fn version_of(bytes: &[u8]) -> u32 {
+    let version = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+    assert_eq!(bytes, payload(version), "block mixes versions");
+    version
+}
+
+#[test]
+fn blocks_are_laid_out_by_namespace_and_key_prefix_and_round_trip() {
+    let (root, tier) = tier();
+    let key = [0xab_u8, 0xcd, 0xef, 0x01];
+    assert_eq!(
+        tier.path_of(&key),
+        root.path().join("model-a/cfg-1/rank0/abc/de/abcdef01.bin")
+    );
+    assert!(!tier.contains(&key).unwrap());
+    assert_eq!(tier.load(&key).unwrap(), None);
+
+    let first = tier.save(&key, payload(1));
+    let second = tier.save(&7u64, payload(2));
+    assert_eq!(
+        (first.id(), second.id()),
+        (0, 1),
+        "save ids count up per tier"
+    );
+    assert_eq!(first.path(), tier.path_of(&key));
+    first.wait().unwrap();
+    second.wait().unwrap();
+    assert!(tier.contains(&key).unwrap());
+    assert_eq!(tier.load(&key).unwrap(), Some(payload(1)));
+    assert_eq!(tier.load(&7u64).unwrap(), Some(payload(2)));
+
+    // Overwriting publishes the new block whole.
+    tier.store(&key, &payload(3)).unwrap();
+    assert_eq!(tier.load(&key).unwrap(), Some(payload(3)));
+    // No temporary files are left behind.
+    let leftovers: Vec<_> = walk(root.path())
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|ext| ext == "tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[test]
+fn concurrent_saves_and_lookups_of_one_key_never_see_a_partial_block() {
+    let (_root, tier) = tier();
+    let key = 0x5eed_u64;
+    let done = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u32)
+        .map(|writer| {
+            let tier = tier.clone();
+            std::thread::spawn(move || {
+                for round in 0..150u32 {
+                    tier.store(&key, &payload(1 + writer + 2 * round)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let (tier, done) = (tier.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut absent, mut whole) = (0, 0);
+            while !done.load(Ordering::Acquire) {
+                let exists = tier.contains(&key).unwrap();
+                match tier.load(&key).unwrap() {
+                    None => {
+                        assert!(
+                            !exists || whole == 0,
+                            "a block vanished after it was published"
+                        );
+                        absent += 1;
+                    }
+                    Some(bytes) => {
+                        version_of(&bytes);
+                        whole += 1;
+                    }
+                }
+            }
+            (absent, whole)
+        })
+    };
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    done.store(true, Ordering::Release);
+    let (_absent, whole) = reader.join().unwrap();
+    assert!(whole > 0, "the reader never saw a block");
+    let last = version_of(&tier.load(&key).unwrap().unwrap());
+    assert!(
+        last == 299 || last == 300,
+        "the last write wins, got {last}"
+    );
+}
+
+#[test]
+fn a_write_the_file_system_refuses_fails_the_task_and_publishes_nothing() {
+    let (_root, tier) = tier();
+    // The shard directory's name is taken by a regular file: the block's
+    // directory cannot be created (the kernel refuses with ENOTDIR/EEXIST,
+    // whatever the privileges of the test's user).
+    let key = 0x00ab_cdef_u64;
+    let shard = tier
+        .path_of(&key)
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    fs::create_dir_all(shard.parent().unwrap()).unwrap();
+    fs::write(&shard, b"in the way").unwrap();
+    let task = tier.save(&key, payload(1));
+    match task.wait() {
+        Err(TaskError::Failed(error)) => {
+            let error = error.downcast::<TierError>().expect("a tier error");
+            assert!(
+                matches!(*error, TierError::Io { op: "create", .. }),
+                "{error}"
+            );
+        }
+        other => panic!("expected a failed save, got {other:?}"),
+    }
+    assert!(!tier.contains(&key).unwrap());
+
+    // The final name is taken by a directory: the rename fails, and the
+    // temporary file is removed again.
+    let key = 0xfedc_ba98_7654_3210_u64;
+    let path = tier.path_of(&key);
+    fs::create_dir_all(&path).unwrap();
+    let error = tier.store(&key, &payload(2)).unwrap_err();
+    assert!(
+        matches!(error, TierError::Io { op: "write", .. }),
+        "{error}"
+    );
+    let siblings: Vec<_> = fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        siblings.len(),
+        1,
+        "temporary file left behind: {siblings:?}"
+    );
+}
+
+#[test]
+fn truncated_foreign_and_damaged_files_are_found_but_refuse_to_load() {
+    let (_root, tier) = tier();
+    tier.store(&1u64, &payload(1)).unwrap();
+    let path = tier.path_of(&1u64);
+    let full = fs::read(&path).unwrap();
+    fs::write(&path, &full[..full.len() - 10]).unwrap();
+    // Lookup is "the file exists": a damaged block is a hit until the
+    // load fails and the scheduler marks it a miss.
+    assert!(tier.contains(&1u64).unwrap());
+    match tier.load(&1u64) {
+        Err(TierError::Corrupt {
+            kind: Corruption::Truncated { .. },
+            location,
+        }) => assert!(location.ends_with(".bin")),
+        other => panic!("expected a truncated block, got {other:?}"),
+    }
+
+    fs::create_dir_all(tier.path_of(&2u64).parent().unwrap()).unwrap();
+    fs::write(tier.path_of(&2u64), b"{\"not\": \"a block\"}").unwrap();
+    assert!(matches!(
+        tier.load(&2u64),
+        Err(TierError::Corrupt {
+            kind: Corruption::Foreign,
+            ..
+        })
+    ));
+
+    tier.store(&3u64, &payload(3)).unwrap();
+    let mut bytes = fs::read(tier.path_of(&3u64)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    fs::write(tier.path_of(&3u64), bytes).unwrap();
+    assert!(matches!(
+        tier.load(&3u64),
+        Err(TierError::Corrupt {
+            kind: Corruption::Checksum,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_missing_root_a_file_as_root_and_bad_namespaces_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("not-there");
+    assert!(matches!(
+        FsTier::open(&missing, "ns"),
+        Err(TierError::MissingRoot(path)) if path == missing
+    ));
+    assert!(!missing.exists(), "open must not create the root");
+    let file = root.path().join("file");
+    fs::write(&file, b"").unwrap();
+    assert!(matches!(
+        FsTier::open(&file, "ns"),
+        Err(TierError::MissingRoot(_))
+    ));
+    for namespace in ["", "../escape", "a//b", "/abs"] {
+        let error = FsTier::open(root.path(), namespace).unwrap_err();
+        assert!(
+            matches!(error, TierError::Namespace(_)),
+            "{namespace:?}: {error}"
+        );
+    }
+    let options = FsOptions {
+        io_threads: 0,
+        ..FsOptions::default()
+    };
+    assert!(matches!(
+        FsTier::open_with(root.path(), "ns", options),
+        Err(TierError::Config(_))
+    ));
+}
+
+#[test]
+fn dropping_the_tier_finishes_every_queued_save() {
+    let root = tempfile::tempdir().unwrap();
+    let tier = FsTier::open_with(
+        root.path(),
+        "ns",
+        FsOptions {
+            io_threads: 1,
+            sync_data: true,
+        },
+    )
+    .unwrap();
+    let tasks: Vec<_> = (0..64u64)
+        .map(|key| tier.save(&key, payload(key as u32)))
+        .collect();
+    let reopened = FsTier::open(root.path(), "ns").unwrap();
+    drop(tier);
+    for task in tasks {
+        task.wait().unwrap();
+    }
+    for key in 0..64u64 {
+        assert_eq!(reopened.load(&key).unwrap(), Some(payload(key as u32)));
+    }
+}
+
+#[test]
+fn the_save_tracker_frees_a_request_only_after_its_fs_saves_are_published() {
+    let (_root, tier) = tier();
+    let mut scheduler = SaveScheduler::new();
+    let mut worker: SaveTracker<String, kvtier::FsSaveTask> = SaveTracker::new();
+    let request = "req-1".to_string();
+    let step = scheduler.record_step([(request.clone(), 2)]);
+    worker.begin_step(&step);
+    for key in [10u64, 11] {
+        worker.submit(
+            tier.save(&key, payload(key as u32)),
+            std::slice::from_ref(&request),
+        );
+    }
+    assert!(
+        scheduler.request_finished(&request),
+        "saves pending: free later"
+    );
+    let mut reported = Vec::new();
+    for _ in 0..10_000 {
+        reported = worker.get_finished(std::slice::from_ref(&request));
+        if !reported.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(reported, [request]);
+    // Reported means published: both blocks are there, whole.
+    for key in [10u64, 11] {
+        assert_eq!(tier.load(&key).unwrap(), Some(payload(key as u32)));
+    }
+    assert_eq!(worker.stats().task_failures, 0);
+}
+
+#[test]
+fn the_thread_driver_looks_blocks_up_on_disk_and_a_failed_load_becomes_a_miss() {
+    let (_root, tier) = tier();
+    tier.store(&1u64, &payload(1)).unwrap();
+    tier.store(&2u64, &payload(2)).unwrap();
+    // Block 2 is damaged after it was published.
+    fs::write(tier.path_of(&2u64), b"garbage").unwrap();
+    let mut lookup = AsyncLookup::new(tier.clone()).unwrap();
+    let request = "req".to_string();
+    for key in [1u64, 2, 3] {
+        assert_eq!(lookup.lookup(&key, &request).unwrap(), Verdict::Pending);
+    }
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(lookup.lookup(&1, &request).unwrap().is_hit());
+    assert!(lookup.lookup(&3, &request).unwrap().is_miss());
+    let Verdict::Hit(ticket) = lookup.lookup(&2, &request).unwrap() else {
+        panic!("a file that exists is a hit")
+    };
+    assert!(tier.load(ticket.key()).is_err());
+    assert!(lookup.mark_miss(&ticket).unwrap());
+    assert!(lookup.lookup(&2, &request).unwrap().is_miss());
+    lookup.shutdown().unwrap();
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn the_tokio_driver_looks_blocks_up_on_disk() {
+    use kvtier::{TokioConfig, TokioLookup};
+
+    let (_root, tier) = tier();
+    let keys: Vec<u64> = (0..40).collect();
+    for key in keys.iter().filter(|key| *key % 3 == 0) {
+        tier.store(key, &payload(*key as u32)).unwrap();
+    }
+    let mut lookup = TokioLookup::new(tier, TokioConfig::default()).unwrap();
+    for (i, key) in keys.iter().enumerate() {
+        lookup.lookup(key, &format!("req-{}", i % 4)).unwrap();
+    }
+    assert_eq!(lookup.flush().unwrap(), keys.len());
+    lookup.wait_idle().unwrap();
+    for (i, key) in keys.iter().enumerate() {
+        let verdict = lookup.lookup(key, &format!("req-{}", i % 4)).unwrap();
+        assert_eq!(verdict.is_hit(), key % 3 == 0, "key {key}");
+    }
+    assert_eq!(lookup.stats().groups_applied, 4);
+    lookup.shutdown().unwrap();
+}
+
+#[test]
+fn keys_name_blocks_in_lowercase_hex() {
+    assert_eq!(255u64.hex(), "00000000000000ff");
+    assert_eq!(vec![0u8, 1].hex(), "0001");
+}

@@ -1,0 +1,298 @@
+//! The object-store tier: in memory, on local files, and against a real
+//! S3-compatible server on loopback (moto), including the server going away
+//! mid-run.
+#![cfg(feature = "object-store")]
+
+mod common;
+
+use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::time::Duration;
+
+use common::moto::{Moto, unique_bucket};
+use kvtier::{
+    Corruption, ObjectTier, S3Options, SaveScheduler, SaveTracker, StoreTask, TaskError, TierError,
+    TokioConfig, TokioLookup,
+};
+use object_store::ObjectStoreExt;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `test` on a thread and fails if it has not finished after 120 s.
+fn watchdog(test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = channel();
+    let worker = std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => worker.join().unwrap(),
+        Err(RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(RecvTimeoutError::Timeout) => panic!("hung: the test did not finish within 120 s"),
+    }
+}
+
+fn s3_options(moto: &Moto, bucket: &str) -> S3Options {
+    S3Options {
+        endpoint: Some(moto.endpoint.clone()),
+        allow_http: true,
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        region: Some("us-east-1".into()),
+        request_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        max_retries: 1,
+        ..S3Options::new(bucket)
+    }
+}
+
+/// Store, contains, load and damage detection, the same on every backend.
+async fn round_trip(tier: &ObjectTier) {
+    assert!(!tier.contains(&1u64).await.unwrap());
+    assert_eq!(tier.load(&1u64).await.unwrap(), None);
+    tier.store(&1u64, b"block one".to_vec()).await.unwrap();
+    assert!(tier.contains(&1u64).await.unwrap());
+    assert_eq!(
+        tier.load(&1u64).await.unwrap().as_deref(),
+        Some(&b"block one"[..])
+    );
+    assert_eq!(
+        tier.location_of(&1u64).to_string(),
+        format!("{}/000/00/0000000000000001.bin", tier.namespace())
+    );
+}
+
+#[test]
+fn memory_and_local_file_stores_round_trip_and_catch_damage() {
+    let runtime = runtime();
+    let root = tempfile::tempdir().unwrap();
+    runtime.block_on(async {
+        let memory = ObjectTier::memory("ns/rank0").unwrap();
+        round_trip(&memory).await;
+        let local = ObjectTier::local(root.path(), "ns/rank0").unwrap();
+        round_trip(&local).await;
+    });
+    // The local store writes the same layout and format as FsTier.
+    let file = root.path().join("ns/rank0/000/00/0000000000000001.bin");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 1]).unwrap();
+    runtime.block_on(async {
+        let local = ObjectTier::local(root.path(), "ns/rank0").unwrap();
+        assert!(local.contains(&1u64).await.unwrap(), "lookup is existence");
+        assert!(matches!(
+            local.load(&1u64).await,
+            Err(TierError::Corrupt {
+                kind: Corruption::Truncated { .. },
+                ..
+            })
+        ));
+    });
+    assert!(matches!(
+        ObjectTier::local(root.path().join("missing"), "ns"),
+        Err(TierError::MissingRoot(_))
+    ));
+    assert!(matches!(
+        ObjectTier::memory("../up"),
+        Err(TierError::Namespace(_))
+    ));
+}
+
+#[test]
+fn s3_urls_are_parsed_and_bad_ones_explained() {
+    let (options, namespace) = S3Options::from_url("s3://bucket").unwrap();
+    assert_eq!(
+        (options.bucket.as_str(), namespace.as_str()),
+        ("bucket", "kvtier")
+    );
+    assert!(!options.allow_http && options.endpoint.is_none());
+    let (options, _) =
+        S3Options::from_url("s3://b/ns?endpoint=https://minio.local:9000&region=eu-west-1")
+            .unwrap();
+    assert!(!options.allow_http);
+    assert_eq!(options.region.as_deref(), Some("eu-west-1"));
+    for (url, reason) in [
+        ("not a url", "relative URL"),
+        ("http://bucket/ns", "scheme"),
+        ("s3:///ns", "no bucket"),
+        ("s3://b/ns?endpiont=http://x", "unknown parameter"),
+        ("s3://b/ns?endpoint=ftp://x", "not http"),
+        ("s3://b/a//b", "empty component"),
+    ] {
+        match S3Options::from_url(url) {
+            Err(TierError::Config(message)) => {
+                assert!(message.contains(reason), "{url}: {message}")
+            }
+            other => panic!("{url}: expected a configuration error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
+    watchdog(|| {
+        let moto = Moto::shared_or_start();
+        let bucket = unique_bucket("kvtier-s3");
+        moto.create_bucket(&bucket);
+        let tier = ObjectTier::s3(&s3_options(&moto, &bucket), "model-a/rank0").unwrap();
+        let runtime = runtime();
+        runtime.block_on(round_trip(&tier));
+
+        // Saves through the save tracker: reported only once the puts are done.
+        let mut scheduler = SaveScheduler::new();
+        let mut worker: SaveTracker<String, kvtier::ObjectSaveTask> = SaveTracker::new();
+        let request = "req-1".to_string();
+        worker.begin_step(&scheduler.record_step([(request.clone(), 3)]));
+        for key in 10u64..13 {
+            let task = tier.save(&key, vec![key as u8; 4096], runtime.handle());
+            worker.submit(task, std::slice::from_ref(&request));
+        }
+        assert!(scheduler.request_finished(&request));
+        worker.wait_all();
+        assert_eq!(
+            worker.get_finished(std::slice::from_ref(&request)),
+            [request]
+        );
+        assert_eq!(worker.stats().task_failures, 0);
+
+        // Lookups through the tokio driver, several groups at once.
+        let mut lookup = TokioLookup::new(tier.clone(), TokioConfig::default()).unwrap();
+        for key in 8u64..15 {
+            lookup.lookup(&key, &format!("req-{}", key % 3)).unwrap();
+        }
+        lookup.flush().unwrap();
+        lookup.wait_idle().unwrap();
+        for key in 8u64..15 {
+            let verdict = lookup.lookup(&key, &format!("req-{}", key % 3)).unwrap();
+            assert_eq!(verdict.is_hit(), (10..13).contains(&key), "key {key}");
+        }
+        lookup.shutdown().unwrap();
+        let loaded = runtime.block_on(tier.load(&11u64)).unwrap();
+        assert_eq!(loaded, Some(vec![11u8; 4096]));
+        assert_eq!(tier.stats().lookup_errors, 0);
+    });
+}
+
+#[test]
+fn a_damaged_object_is_found_but_refuses_to_load() {
+    watchdog(|| {
+        let moto = Moto::shared_or_start();
+        let bucket = unique_bucket("kvtier-damage");
+        moto.create_bucket(&bucket);
+        let options = s3_options(&moto, &bucket);
+        let tier = ObjectTier::s3(&options, "ns").unwrap();
+        let runtime = runtime();
+        runtime.block_on(async {
+            // Another program's object at a block's name.
+            let raw = object_store::aws::AmazonS3Builder::new()
+                .with_bucket_name(&bucket)
+                .with_endpoint(&moto.endpoint)
+                .with_allow_http(true)
+                .with_region("us-east-1")
+                .with_access_key_id("testing")
+                .with_secret_access_key("testing")
+                .build()
+                .unwrap();
+            raw.put(&tier.location_of(&5u64), b"<html>".to_vec().into())
+                .await
+                .unwrap();
+            assert!(tier.contains(&5u64).await.unwrap());
+            assert!(matches!(
+                tier.load(&5u64).await,
+                Err(TierError::Corrupt {
+                    kind: Corruption::Foreign,
+                    ..
+                })
+            ));
+        });
+    });
+}
+
+#[test]
+fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_hangs() {
+    watchdog(|| {
+        // A server of this test's own, so it can be stopped.
+        let mut moto = Moto::start();
+        let bucket = unique_bucket("kvtier-outage");
+        moto.create_bucket(&bucket);
+        let tier = ObjectTier::s3(&s3_options(&moto, &bucket), "ns").unwrap();
+        let runtime = runtime();
+        runtime.block_on(async {
+            for key in 0u64..4 {
+                tier.store(&key, vec![1; 512]).await.unwrap();
+            }
+        });
+        let config = TokioConfig::default()
+            .max_concurrent_groups(2)
+            .group_timeout(Some(Duration::from_secs(3)))
+            .shutdown_grace(Duration::from_secs(1));
+        let mut lookup = TokioLookup::new(tier.clone(), config).unwrap();
+        let before = "before".to_string();
+        for key in 0u64..4 {
+            lookup.lookup(&key, &before).unwrap();
+        }
+        lookup.flush().unwrap();
+        lookup.wait_idle().unwrap();
+        for key in 0u64..4 {
+            assert!(lookup.lookup(&key, &before).unwrap().is_hit());
+        }
+
+        moto.stop();
+
+        // Blocks that are stored but can no longer be reached: misses, each
+        // either a counted request error or a counted timeout.
+        let after = "after".to_string();
+        for key in 100u64..104 {
+            lookup.lookup(&key, &after).unwrap();
+        }
+        lookup.flush().unwrap();
+        lookup.wait_idle().unwrap();
+        for key in 100u64..104 {
+            assert!(lookup.lookup(&key, &after).unwrap().is_miss(), "key {key}");
+        }
+        let errors = tier.stats().lookup_errors;
+        let timeouts = lookup.stats().timeouts;
+        assert!(
+            errors == 4 || timeouts == 1,
+            "errors {errors}, timeouts {timeouts}"
+        );
+
+        // A save during the outage fails; the request is still reported, so
+        // its blocks are freed rather than held forever.
+        let mut scheduler = SaveScheduler::new();
+        let mut worker: SaveTracker<String, kvtier::ObjectSaveTask> = SaveTracker::new();
+        let request = "req".to_string();
+        worker.begin_step(&scheduler.record_step([(request.clone(), 1)]));
+        let task = tier.save(&7u64, vec![7; 64], runtime.handle());
+        worker.submit(task, std::slice::from_ref(&request));
+        assert!(scheduler.request_finished(&request));
+        worker.wait_all();
+        assert_eq!(
+            worker.get_finished(std::slice::from_ref(&request)),
+            [request]
+        );
+        assert_eq!(worker.stats().task_failures, 1);
+
+        lookup.shutdown().unwrap();
+        assert_eq!(lookup.stats().anomalies, 0);
+    });
+}
+
+#[test]
+fn a_save_on_a_runtime_that_shuts_down_is_abandoned_not_stranded() {
+    let tier = ObjectTier::memory("ns").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // A current-thread runtime nobody drives: the put never runs.
+    let task = tier.save(&1u64, vec![0; 16], runtime.handle());
+    assert!(!task.check());
+    drop(runtime);
+    assert!(matches!(task.wait(), Err(TaskError::Abandoned)));
+}
