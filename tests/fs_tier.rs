@@ -2,7 +2,7 @@
 //! publication under concurrent save and lookup, refused writes, damaged
 //! and foreign files, bad roots and namespaces, and both lookup drivers and
 //! the save tracker running on it.
-#![cfg(feature = "fs")]
+#![cfg(all(feature = "fs", not(any(kvtier_loom, kvtier_shuttle))))]
 
 use std::fs;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The object-store tier: in memory, on local files, and against a real
 //! S3-compatible server on loopback (moto), including the server going away
 //! mid-run.
-#![cfg(feature = "object-store")]
+#![cfg(all(feature = "object-store", not(any(kvtier_loom, kvtier_shuttle))))]
 
 mod common;
 

@@ -3,7 +3,7 @@
 //! and the shared generation rules. Each test that could hang on a bug runs
 //! under a watchdog that fails it instead (a bound for hangs, not a speed
 //! target: nothing here asserts how long anything takes).
-#![cfg(feature = "tokio")]
+#![cfg(all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))))]
 
 use std::collections::HashMap;
 use std::future::Future;

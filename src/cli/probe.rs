@@ -1,0 +1,258 @@
+//! `kvtier probe`: existence-lookup latency and throughput against the
+//! user's storage, through the real tokio driver.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvtier::{
+    AsyncLookupBackend, FsOptions, FsTier, ObjectTier, S3Options, TierError, TokioConfig,
+    TokioLookup,
+};
+
+use super::Failure;
+use super::report::{ms, ms_or_dash, quantile};
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("tier").required(true).args(["fs", "s3"])))]
+pub(crate) struct ProbeArgs {
+    /// Probe a file-system tier rooted at this existing directory.
+    #[arg(long, value_name = "DIR")]
+    fs: Option<PathBuf>,
+    /// Probe an S3 or S3-compatible bucket:
+    /// s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]; credentials from
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+    #[arg(long, value_name = "URL")]
+    s3: Option<String>,
+    /// The namespace below --fs DIR (created if missing).
+    #[arg(long, default_value = "kvtier", value_name = "NAME")]
+    namespace: String,
+    /// Keys to look up.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    keys: u64,
+    /// Request groups the keys are spread over (one backend call each).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    groups: u64,
+    /// Groups probed at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    concurrency: u64,
+    /// Per-group timeout in milliseconds; a group that takes longer is
+    /// counted as timed out and its keys as misses.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    timeout: u64,
+    /// Seed of the key sequence (the same seed probes the same keys).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text (no progress bar).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Either tier, as one backend type for the driver.
+#[derive(Clone)]
+enum Tier {
+    Fs(FsTier),
+    S3(ObjectTier),
+}
+
+impl AsyncLookupBackend<u64, String> for Tier {
+    type Error = TierError;
+
+    async fn batch_lookup(&self, keys: &[u64], request: &String) -> Result<Vec<bool>, TierError> {
+        match self {
+            Tier::Fs(tier) => AsyncLookupBackend::batch_lookup(tier, keys, request).await,
+            Tier::S3(tier) => AsyncLookupBackend::batch_lookup(tier, keys, request).await,
+        }
+    }
+}
+
+/// A splitmix64 sequence: distinct-looking block hashes from a seed.
+fn keys(seed: u64, count: u64) -> Vec<u64> {
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        })
+        .collect()
+}
+
+fn open(args: &ProbeArgs) -> Result<(Tier, String), Failure> {
+    if args.groups > args.keys {
+        return Err(Failure::input(format!(
+            "--groups {} exceeds --keys {}: every group needs at least one key",
+            args.groups, args.keys
+        )));
+    }
+    if let Some(dir) = &args.fs {
+        if !dir.is_dir() {
+            return Err(Failure::input(format!(
+                "--fs {}: no such directory",
+                dir.display()
+            )));
+        }
+        let options = FsOptions {
+            io_threads: 1,
+            ..FsOptions::default()
+        };
+        let tier =
+            FsTier::open_with(dir, &args.namespace, options).map_err(|error| match error {
+                TierError::Namespace(_) | TierError::MissingRoot(_) => {
+                    Failure::input(error.to_string())
+                }
+                other => Failure::unreachable(other.to_string()),
+            })?;
+        let label = format!("fs {} (namespace {})", dir.display(), args.namespace);
+        return Ok((Tier::Fs(tier), label));
+    }
+    let url = args.s3.as_deref().expect("clap requires --fs or --s3");
+    let (options, namespace) =
+        S3Options::from_url(url).map_err(|error| Failure::input(error.to_string()))?;
+    let tier =
+        ObjectTier::s3(&options, &namespace).map_err(|error| Failure::input(error.to_string()))?;
+    // Reach the endpoint once before measuring, so an unreachable one is an
+    // error, not ten thousand misses.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| Failure::run(error.to_string()))?;
+    let limit = Duration::from_millis(args.timeout);
+    let reached =
+        runtime.block_on(async { tokio::time::timeout(limit, tier.contains(&0u64)).await });
+    match reached {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            return Err(Failure::unreachable(format!("cannot reach {url}: {error}")));
+        }
+        Err(_) => {
+            return Err(Failure::unreachable(format!(
+                "cannot reach {url}: no answer within {} ms",
+                args.timeout
+            )));
+        }
+    }
+    let label = format!("s3 {url} (namespace {namespace})");
+    Ok((Tier::S3(tier), label))
+}
+
+pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
+    let (tier, label) = open(args)?;
+    let config = TokioConfig::default()
+        .max_concurrent_groups(args.concurrency as usize)
+        .group_timeout(Some(Duration::from_millis(args.timeout)));
+    let mut lookup =
+        TokioLookup::new(tier.clone(), config).map_err(|error| Failure::run(error.to_string()))?;
+    lookup.record_applied(true);
+    let keys = keys(args.seed, args.keys);
+    let requests: Vec<String> = (0..args.groups).map(|g| format!("probe-{g}")).collect();
+
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(args.groups)
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} {pos}/{len} groups answered {wide_bar} {elapsed}")
+            .expect("a valid template"),
+    );
+    let failed = |error: kvtier::LookupError| Failure::run(error.to_string());
+
+    let started = Instant::now();
+    // Key i belongs to group i mod G, so the groups are submitted (and
+    // numbered) in order 0, 1, ..., G-1.
+    for (i, key) in keys.iter().enumerate() {
+        lookup
+            .lookup(key, &requests[i % requests.len()])
+            .map_err(failed)?;
+    }
+    let submitted = lookup.flush().map_err(failed)?;
+    debug_assert_eq!(submitted as u64, args.keys);
+    let flushed = Instant::now();
+    let mut latencies = Vec::with_capacity(requests.len());
+    while (latencies.len() as u64) < args.groups {
+        lookup.drain().map_err(failed)?;
+        let applied = lookup.take_applied();
+        if applied.is_empty() {
+            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        }
+        let now = flushed.elapsed();
+        latencies.extend(applied.iter().map(|_| now));
+        progress.inc(applied.len() as u64);
+    }
+    let elapsed = started.elapsed();
+    progress.finish_and_clear();
+
+    let (mut hits, mut misses) = (0u64, 0u64);
+    for (i, key) in keys.iter().enumerate() {
+        match lookup
+            .lookup(key, &requests[i % requests.len()])
+            .map_err(failed)?
+        {
+            verdict if verdict.is_hit() => hits += 1,
+            _ => misses += 1,
+        }
+    }
+    let stats = lookup.stats();
+    lookup.shutdown().map_err(failed)?;
+    let errors = match &tier {
+        Tier::Fs(_) => stats.backend_errors,
+        Tier::S3(tier) => tier.stats().lookup_errors + stats.backend_errors,
+    };
+    let p50 = quantile(&mut latencies, 0.50);
+    let p99 = quantile(&mut latencies, 0.99);
+    let max = quantile(&mut latencies, 1.0);
+    let keys_per_s = args.keys as f64 / elapsed.as_secs_f64();
+
+    if args.json {
+        let report = serde_json::json!({
+            "tier": label,
+            "keys": args.keys,
+            "groups": args.groups,
+            "concurrency": args.concurrency,
+            "timeout_ms": args.timeout,
+            "hits": hits,
+            "misses": misses,
+            "timed_out_groups": stats.timeouts,
+            "errors": errors,
+            "elapsed_s": elapsed.as_secs_f64(),
+            "keys_per_s": keys_per_s,
+            "group_verdict_ms": {
+                "p50": p50.map(ms),
+                "p99": p99.map(ms),
+                "max": max.map(ms),
+            },
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "probe {label}: {} keys in {} groups, {} at once, timeout {} ms",
+            args.keys, args.groups, args.concurrency, args.timeout
+        );
+        println!(
+            "  verdicts      {hits} hits, {misses} misses ({} groups timed out, {errors} errors)",
+            stats.timeouts
+        );
+        println!(
+            "  group verdict p50 {}, p99 {}, max {} (from flush until the group's answers reached the table)",
+            ms_or_dash(p50),
+            ms_or_dash(p99),
+            ms_or_dash(max)
+        );
+        println!(
+            "  throughput    {keys_per_s:.0} keys/s ({:.3} s for all keys)",
+            elapsed.as_secs_f64()
+        );
+    }
+    if stats.timeouts > 0 || errors > 0 {
+        eprintln!(
+            "warning: {} groups timed out and {errors} lookups failed; their keys counted as misses",
+            stats.timeouts
+        );
+    }
+    Ok(())
+}
