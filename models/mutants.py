@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Remove or invert each guarding line of the lookup core (L*), of the
-concurrent-group tasks driver (T*) and of the save-completion core (S*), on a
-scratch copy, and show which check then fails.
+concurrent-group tasks driver (T*), of the save-completion core (S*) and of
+the file-system tier (F*), on a scratch copy, and show which check then fails.
 
     python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
@@ -37,7 +37,8 @@ SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
 MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
 
 # Every suite that can see each protocol's code, keyed by the first letter of
-# the mutation ids (L: lookup, T: the tasks driver, S: save completion). The abstract protocol
+# the mutation ids (L: lookup, T: the tasks driver, S: save completion,
+# F: the fs tier). The abstract protocol
 # model cannot see the code: it has its own guard-removal tests in
 # models/tests/protocol_model.rs.
 SUITES = {
@@ -53,6 +54,9 @@ SUITES = {
         "tests": (TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver"], {}),
         "tokio stress": (MODELS + ["tasks_stress"], {}),
         "shuttle": (MODELS + ["shuttle_tasks"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+    },
+    "F": {
+        "tests": (TEST + ["-p", "kvtier", "--test", "fs_tier", "--test", "object_tier", "--lib"], {}),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -368,6 +372,35 @@ MUTATIONS = [
         [("match task::timeout(timeout, call).await {", "match Some(call.await) {")],
         MODELS + ["shuttle_tasks", "concurrent_groups"],
         dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
+    ),
+    Mutation(
+        "F1-atomic-publish",
+        "a save writes the block under its final name instead of renaming a finished temporary file",
+        "src/tier/fs.rs",
+        [("        let mut file = File::create(&tmp)?;", "        let mut file = File::create(path)?;"),
+         ("        fs::rename(&tmp, path)\n", "        Ok(())\n")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "concurrent_saves"],
+    ),
+    Mutation(
+        "F2-checksum",
+        "load does not compare the payload with its checksum",
+        "src/tier/format.rs",
+        [("    if crc32fast::hash(payload) != checksum {", "    if crc32fast::hash(payload) != checksum && false {")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "damaged"],
+    ),
+    Mutation(
+        "F2-length",
+        "load accepts a block shorter than its header says",
+        "src/tier/format.rs",
+        [("    if found < length {", "    if found < length && false {")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "damaged"],
+    ),
+    Mutation(
+        "F3-failed-write-cleans-up",
+        "a failed save leaves its temporary file behind",
+        "src/tier/fs.rs",
+        [("        let _ = fs::remove_file(&tmp);\n", "")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "refuses"],
     ),
 ]
 

@@ -12,6 +12,14 @@
 //! - [`AsyncLookup`]: a thin driver that runs a [`LookupBackend`] on a worker
 //!   thread, publishes each request group's answers as soon as it is done
 //!   through a lock-free stack, and turns every backend fault into misses.
+//! - `TokioLookup` (feature `tokio`): the same scheduler side and publication
+//!   path, with each group probed by a tokio task — several at once, each
+//!   within a timeout — and a shutdown that never waits on a hung backend.
+//! - [`SaveScheduler`] and [`SaveTracker`]: deferred save completion — a
+//!   finished request's blocks are freed only once no save reads them.
+//! - `FsTier` (feature `fs`) and `ObjectTier` (feature `object-store`): block
+//!   tiers on a directory tree and on S3 / S3-compatible / local / in-memory
+//!   object stores, usable by both lookup drivers and the save tracker.
 //!
 //! Every synchronisation primitive comes from one internal shim, so the same
 //! driver code runs under [loom](https://docs.rs/loom) (`--cfg kvtier_loom`)

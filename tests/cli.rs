@@ -120,6 +120,12 @@ fn probe_measures_an_s3_bucket_on_a_loopback_server() {
 
 #[test]
 fn bad_input_is_explained_with_distinct_exit_codes() {
+    let moto = Moto::shared_or_start();
+    let missing_bucket = format!(
+        "s3://{}?endpoint={}",
+        unique_bucket("never-created"),
+        moto.endpoint
+    );
     let cases: &[(&[&str], i32, &str)] = &[
         (&["probe", "--fs", "/no/such/dir"], 2, "no such directory"),
         (&["probe", "--s3", "not a url"], 2, "S3 URL"),
@@ -142,6 +148,12 @@ fn bad_input_is_explained_with_distinct_exit_codes() {
             "namespace",
         ),
         (&["frobnicate"], 2, "unrecognized subcommand"),
+        // A bucket that does not exist is not an empty tier.
+        (
+            &["probe", "--s3", &missing_bucket, "--timeout", "5000"],
+            3,
+            "cannot reach",
+        ),
         // Nothing listens on port 9 of loopback: refused at once.
         (
             &[

@@ -122,9 +122,9 @@ fn open(args: &ProbeArgs) -> Result<(Tier, String), Failure> {
         .map_err(|error| Failure::run(error.to_string()))?;
     let limit = Duration::from_millis(args.timeout);
     let reached =
-        runtime.block_on(async { tokio::time::timeout(limit, tier.contains(&0u64)).await });
+        runtime.block_on(async { tokio::time::timeout(limit, tier.check_reachable()).await });
     match reached {
-        Ok(Ok(_)) => {}
+        Ok(Ok(())) => {}
         Ok(Err(error)) => {
             return Err(Failure::unreachable(format!("cannot reach {url}: {error}")));
         }

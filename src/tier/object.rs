@@ -251,6 +251,18 @@ impl ObjectTier {
         }
     }
 
+    /// Checks that the store answers and its bucket exists: lists the
+    /// namespace (one request). A `head` alone cannot tell a missing bucket
+    /// from a missing block.
+    pub async fn check_reachable(&self) -> Result<(), TierError> {
+        let prefix = ObjectPath::from(self.namespace.as_str());
+        self.store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map(drop)
+            .map_err(|error| store_error("list", &prefix, error))
+    }
+
     /// Whether the tier holds a block for `key` (one `head`).
     pub async fn contains(&self, key: &(impl BlockKey + ?Sized)) -> Result<bool, TierError> {
         head(&*self.store, &self.location_of(key)).await
