@@ -34,7 +34,8 @@ fn row(stdout: &str, name: &str) -> String {
 
 #[test]
 fn the_demo_runs_both_protocols_and_prints_a_timeline_and_summary() {
-    let output = kvtier(&["demo", "--slow-ms", "40"]);
+    // A slow path long enough that the fast group wins even on a loaded machine.
+    let output = kvtier(&["demo", "--slow-ms", "200"]);
     let stdout = text(&output.stdout);
     assert!(
         output.status.success(),
@@ -187,4 +188,27 @@ fn help_shows_examples() {
         stdout.contains("Examples:") && stdout.contains("kvtier probe --s3"),
         "{stdout}"
     );
+}
+
+#[test]
+fn a_reader_that_stops_early_ends_the_demo_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    // Like `kvtier demo | head -1`: the pipe closes after the first line.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["demo", "--slow-ms", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("kvtier demo"), "{first}");
+    let output = child.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

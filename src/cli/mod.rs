@@ -1,5 +1,14 @@
 //! Argument parsing, errors and exit codes of the `kvtier` command.
 
+/// `println!` that ends the command quietly when stdout has been closed
+/// (piped into `head`, say) instead of panicking; other write errors fail
+/// the command.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        crate::cli::report::line(format_args!($($arg)*))?
+    };
+}
+
 mod demo;
 mod probe;
 mod report;
@@ -52,6 +61,14 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
+    /// Nothing to report: stdout was closed by its reader.
+    pub(crate) fn closed_stdout() -> Self {
+        Self {
+            code: 0,
+            message: String::new(),
+        }
+    }
+
     pub(crate) fn input(message: impl Into<String>) -> Self {
         Self {
             code: 2,
@@ -92,6 +109,7 @@ pub(crate) fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(failure) if failure.code == 0 => ExitCode::SUCCESS,
         Err(failure) => {
             eprintln!("error: {}", failure.message);
             ExitCode::from(failure.code)

@@ -227,23 +227,26 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 "max": max.map(ms),
             },
         });
-        println!("{report}");
+        say!("{report}");
     } else {
-        println!(
+        say!(
             "probe {label}: {} keys in {} groups, {} at once, timeout {} ms",
-            args.keys, args.groups, args.concurrency, args.timeout
+            args.keys,
+            args.groups,
+            args.concurrency,
+            args.timeout
         );
-        println!(
+        say!(
             "  verdicts      {hits} hits, {misses} misses ({} groups timed out, {errors} errors)",
             stats.timeouts
         );
-        println!(
+        say!(
             "  group verdict p50 {}, p99 {}, max {} (from flush until the group's answers reached the table)",
             ms_or_dash(p50),
             ms_or_dash(p99),
             ms_or_dash(max)
         );
-        println!(
+        say!(
             "  throughput    {keys_per_s:.0} keys/s ({:.3} s for all keys)",
             elapsed.as_secs_f64()
         );

@@ -1,6 +1,21 @@
 //! Small helpers for the command's reports.
 
+use std::io::Write;
 use std::time::Duration;
+
+use super::Failure;
+
+/// Writes one line to stdout (see the `say!` macro).
+pub(crate) fn line(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}") {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::closed_stdout())
+        }
+        Err(error) => Err(Failure::run(format!("cannot write to stdout: {error}"))),
+    }
+}
 
 /// The `q`-quantile (0 ≤ q ≤ 1) of `samples` by nearest rank; `None` when
 /// there are none. Sorts `samples`.
