@@ -32,10 +32,23 @@ fn stress(name: &str, setup: impl Fn(&mut dyn FnMut(u64) -> u64) -> TasksSetup) 
     for seed in 0..runs() {
         let mut rand = generator(seed);
         let setup = setup(&mut rand);
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            workload(&mut rand, setup.clone())
-        }));
-        match outcome {
+        // Each run on its own thread under a watchdog: a driver that hangs
+        // (a shutdown waiting on a hung call, say) fails the test with its
+        // seed instead of stalling it.
+        let (done, finished) = std::sync::mpsc::channel();
+        let run_setup = setup.clone();
+        let run = std::thread::spawn(move || {
+            let observed = workload(&mut rand, run_setup);
+            let _ = done.send(());
+            observed
+        });
+        match finished.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{name}: seed {seed} hung for 60 s with {setup:?}")
+            }
+        }
+        match run.join() {
             Ok(observed) => {
                 totals[0] += observed.overtaken;
                 totals[1] += observed.stats.timeouts;
