@@ -102,6 +102,9 @@ impl DemoSave {
     fn slow(tier: &FsTier, key: u64, delay: Duration) -> Self {
         let (task, completer) = CompletionTask::new(());
         let tier = tier.clone();
+        // The demo's simulated slow device: application code, outside the
+        // library's shim (see the module docs); completion goes through
+        // kvtier's CompletionTask, which uses the shim.
         std::thread::spawn(move || {
             std::thread::sleep(delay);
             match tier.store(&key, &block_bytes(key)) {
