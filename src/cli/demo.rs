@@ -7,7 +7,7 @@
 //! shim is private to the library. Everything kvtier itself runs goes
 //! through the shim as usual.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -398,7 +398,8 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
         // End of step: hand the new keys to the driver.
         let flushed_at = Instant::now();
         let keys = lookup.flush().map_err(failed)?;
-        let submitted: Vec<u64> = requests
+        // Keys now in flight, whose time to verdict is measured below.
+        let mut unresolved: HashSet<u64> = requests
             .iter()
             .filter(|r| r.state == State::Waiting)
             .flat_map(|r| r.blocks.iter().copied())
@@ -408,8 +409,6 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
                     .key_state(key)
                     .is_some_and(|s| s.phase == Phase::InFlight)
             })
-            .collect::<HashSet<_>>()
-            .into_iter()
             .collect();
         if keys > 0 {
             header += &format!("  → flush {keys} new keys");
@@ -431,10 +430,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
         }
 
         // Idle until the next step, applying answers as they are published.
-        let mut unresolved: HashMap<u64, ()> = submitted.into_iter().map(|k| (k, ())).collect();
         while flushed_at.elapsed() < step_length {
             lookup.drain().map_err(failed)?;
-            unresolved.retain(|key, ()| match lookup.table().key_state(key) {
+            unresolved.retain(|key| match lookup.table().key_state(key) {
                 Some(state) if matches!(state.phase, Phase::Resolved { .. }) => {
                     totals.latencies.push(flushed_at.elapsed());
                     false

@@ -35,12 +35,20 @@ pub enum Corruption {
     Checksum,
 }
 
+/// The header that precedes `payload` when it is stored.
+pub(crate) fn header(payload: &[u8]) -> [u8; HEADER_LEN] {
+    let mut header = [0; HEADER_LEN];
+    header[..4].copy_from_slice(MAGIC);
+    header[4..12].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[12..16].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    header
+}
+
 /// The stored form of `payload`.
+#[cfg_attr(not(feature = "object-store"), allow(dead_code))]
 pub(crate) fn encode(payload: &[u8]) -> Vec<u8> {
     let mut block = Vec::with_capacity(HEADER_LEN + payload.len());
-    block.extend_from_slice(MAGIC);
-    block.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    block.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    block.extend_from_slice(&header(payload));
     block.extend_from_slice(payload);
     block
 }

@@ -215,15 +215,10 @@ fn write_block(path: &Path, unique: u64, payload: &[u8], sync_data: bool) -> Res
         .expect("block paths have a name")
         .to_string_lossy();
     let tmp = path.with_file_name(format!("{name}.{}-{unique}.tmp", std::process::id()));
-    let header = format::encode(&[]);
     let written = (|| {
         let mut file = File::create(&tmp)?;
-        // The header of an empty payload, patched with this payload's
-        // length and checksum: the payload itself is not copied.
-        let mut header = header;
-        header[4..12].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        header[12..16].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-        file.write_all(&header)?;
+        // Header and payload written separately: the payload is not copied.
+        file.write_all(&format::header(payload))?;
         file.write_all(payload)?;
         if sync_data {
             file.sync_data()?;
