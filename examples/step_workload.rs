@@ -120,7 +120,10 @@ fn main() {
     let mut steps = workload::STEPS;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let value = args.next().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v > 0);
+        let value = args
+            .next()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| v > 0);
         match (arg.as_str(), value) {
             ("--runs", Some(v)) => runs = v,
             ("--steps", Some(v)) => steps = v,
@@ -139,7 +142,10 @@ fn main() {
     for _ in 0..runs {
         let run = kvtier_run(steps);
         lookup_ns.push(per(run.lookup, run.lookups));
-        scheduler_ns.push(per(run.lookup + run.apply + run.flush + run.cleanup, run.lookups));
+        scheduler_ns.push(per(
+            run.lookup + run.apply + run.flush + run.cleanup,
+            run.lookups,
+        ));
         let (elapsed, lookups, hits) = baseline_run(steps);
         baseline_ns.push(per(elapsed, lookups));
         assert_eq!(lookups, run.lookups, "both probe the same trace");
@@ -163,7 +169,9 @@ fn main() {
         last.hits, last.misses, last.pending, last.lookups
     );
     println!("ns_per_lookup={lookup:.1}");
-    println!("baseline_ns_per_lookup={baseline:.1}  (std HashMap<u64, bool> of the step's live keys)");
+    println!(
+        "baseline_ns_per_lookup={baseline:.1}  (std HashMap<u64, bool> of the step's live keys)"
+    );
     println!("ratio={:.2}", lookup / baseline);
     println!(
         "scheduler_ns_per_lookup={scheduler:.1}  (lookup + applying answers + flush + cleanup, per lookup)"

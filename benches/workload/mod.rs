@@ -71,7 +71,9 @@ impl Trace {
     /// The trace at step 0.
     pub fn new() -> Self {
         Self {
-            live: (0..LIVE as u64).map(|r| (r, r as usize % LIFETIME)).collect(),
+            live: (0..LIVE as u64)
+                .map(|r| (r, r as usize % LIFETIME))
+                .collect(),
             next_request: LIVE as u64,
         }
     }

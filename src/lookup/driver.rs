@@ -143,6 +143,7 @@ where
     /// What the tier knows about `key`, recording that `request` asked (see
     /// [`LookupTable::lookup`]). Applies everything the worker published
     /// first, so an answer published mid-step is seen by the very next call.
+    #[inline(always)]
     pub fn lookup(&mut self, key: &K, request: &R) -> Result<Verdict<K>, LookupError> {
         self.ensure_open()?;
         Ok(self.front.lookup(key, request))

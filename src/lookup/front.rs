@@ -43,11 +43,17 @@ where
     }
 
     /// The scheduler's only contact with the workers' answers.
+    #[inline]
     pub(crate) fn apply_published(&mut self) -> usize {
         // L5: one atomic load when nothing was published.
         if self.published.is_empty() {
             return 0;
         }
+        self.apply_all()
+    }
+
+    #[inline(never)]
+    fn apply_all(&mut self) -> usize {
         let results = self.published.take_all();
         let applied = results.len();
         for result in results {
@@ -56,6 +62,7 @@ where
         applied
     }
 
+    #[inline(always)]
     pub(crate) fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
         self.apply_published();
         self.table.lookup(key, request)

@@ -1,25 +1,193 @@
 //! The sans-IO lookup table: every rule of the protocol, no threads inside.
+//!
+//! Layout (see docs/performance.md for what it costs): one hash map from key
+//! to a 16-byte [`Entry`] (generation and phase packed in one word, the
+//! requesters as small slot numbers), live requests interned into a slab of
+//! [`Slot`]s so a link is a `u32` and not a copy of the request id, and
+//! the requesters of shared keys beyond the first in reusable overflow lists.
+//! Maps use hashbrown's default hasher (foldhash): fast on the short keys a
+//! KV cache uses, and seeded per table, unlike an unseeded FxHash.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::mem;
+
+use hashbrown::HashMap;
+use hashbrown::hash_map::Entry as MapEntry;
 
 use super::stats::Stats;
 use super::submission::{Group, GroupOutcome, GroupResult, Submission};
 use super::types::{Generation, KeyState, Phase, Request, Ticket, Verdict};
 
+/// "No slot" in [`Entry::first`] and [`Entry::more`].
+const NONE: u32 = u32::MAX;
+
+/// A slot's `batch_epoch` when it caches no group index.
+const NO_EPOCH: u64 = u64::MAX;
+
+/// A freed request slot keeps its key list's allocation for the next
+/// request up to this many keys (so one huge request does not pin memory).
+const REUSE_KEYS: usize = 4096;
+
 /// One key's lookup state.
-struct Entry<I> {
-    generation: Generation,
-    phase: Phase,
-    /// Live requests that asked for the key, each once.
-    requesters: Vec<I>,
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    /// `generation << 2 | phase code` (see [`Entry::phase`]). Generations
+    /// come from a counter bumped once per new state, so 62 bits do not run
+    /// out (10^9 new keys a second would take 146 years).
+    packed: u64,
+    /// Slot of one live request that asked for the key, `NONE` when no live
+    /// request holds it (an orphaned in-flight probe).
+    first: u32,
+    /// Index in the overflow lists of the other requesters' slots, `NONE`
+    /// when there are none. Never set while `first` is `NONE`.
+    more: u32,
 }
 
-/// What the table remembers of a live request.
-struct RequestEntry<K> {
-    /// Reverse index: the keys whose `requesters` contain this request, each once.
+impl Entry {
+    fn new(generation: Generation, requester: u32) -> Self {
+        Self {
+            packed: generation.0 << 2,
+            first: requester,
+            more: NONE,
+        }
+    }
+
+    fn generation(self) -> Generation {
+        Generation(self.packed >> 2)
+    }
+
+    fn phase(self) -> Phase {
+        match self.packed & 3 {
+            0 => Phase::Pending,
+            1 => Phase::InFlight,
+            2 => Phase::Resolved { found: false },
+            _ => Phase::Resolved { found: true },
+        }
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        let code = match phase {
+            Phase::Pending => 0,
+            Phase::InFlight => 1,
+            Phase::Resolved { found: false } => 2,
+            Phase::Resolved { found: true } => 3,
+        };
+        self.packed = (self.packed & !3) | code;
+    }
+
+    fn has_requesters(self) -> bool {
+        self.first != NONE
+    }
+}
+
+/// The requesters of shared keys beyond each key's first, in lists that are
+/// recycled (allocation and all) when a key is left with one requester.
+#[derive(Default)]
+struct Overflow {
+    lists: Vec<Vec<u32>>,
+    free: Vec<u32>,
+}
+
+impl Overflow {
+    #[inline]
+    fn holds(&self, entry: Entry, slot: u32) -> bool {
+        entry.first == slot
+            || (entry.more != NONE && self.lists[entry.more as usize].contains(&slot))
+    }
+
+    fn count(&self, entry: Entry) -> usize {
+        match (entry.first, entry.more) {
+            (NONE, _) => 0,
+            (_, NONE) => 1,
+            (_, more) => 1 + self.lists[more as usize].len(),
+        }
+    }
+
+    /// Adds `slot` to the entry's requesters (the caller checked it is not one).
+    fn add(&mut self, entry: &mut Entry, slot: u32) {
+        if entry.first == NONE {
+            entry.first = slot;
+            return;
+        }
+        if entry.more == NONE {
+            entry.more = match self.free.pop() {
+                Some(index) => index,
+                None => {
+                    self.lists.push(Vec::new());
+                    (self.lists.len() - 1) as u32
+                }
+            };
+        }
+        self.lists[entry.more as usize].push(slot);
+    }
+
+    /// Removes `slot` from the entry's requesters, if it is one.
+    fn remove(&mut self, entry: &mut Entry, slot: u32) {
+        if entry.more == NONE {
+            if entry.first == slot {
+                entry.first = NONE;
+            }
+            return;
+        }
+        let list = &mut self.lists[entry.more as usize];
+        if entry.first == slot {
+            // The list is never empty while it is attached.
+            entry.first = list.pop().unwrap_or(NONE);
+        } else if let Some(position) = list.iter().position(|&s| s == slot) {
+            list.swap_remove(position);
+        }
+        if list.is_empty() {
+            self.free.push(entry.more);
+            entry.more = NONE;
+        }
+    }
+
+    /// The entry's requesters, for the invariant check.
+    fn all(&self, entry: Entry) -> Vec<u32> {
+        let mut slots = Vec::new();
+        if entry.first != NONE {
+            slots.push(entry.first);
+        }
+        if entry.more != NONE {
+            slots.extend(&self.lists[entry.more as usize]);
+        }
+        slots
+    }
+}
+
+/// A live request (or a free slot, `id == None`).
+struct Slot<K, I> {
+    id: Option<I>,
+    /// Reverse index: the keys whose requesters include this slot, each once,
+    /// in the order the request first asked for them.
     keys: Vec<K>,
+    /// Where in `keys` the request's next lookup is expected: a scheduler
+    /// asks about a request's blocks in the same order every step, so a
+    /// key found here (or at the start) is known to be linked without
+    /// scanning the key's requesters. Only ever a shortcut: a miss falls
+    /// back to the scan.
+    cursor: usize,
+    /// The request's group in this step's batch, valid while `batch_epoch`
+    /// is the table's (saves hashing the id for every new key).
+    batch_index: usize,
+    batch_epoch: u64,
+}
+
+impl<K: Eq, I> Slot<K, I> {
+    /// Whether `key` is the expected next key (at the cursor, or first in a
+    /// new pass); advances the cursor past it.
+    #[inline]
+    fn follows(&mut self, key: &K) -> bool {
+        if self.keys.get(self.cursor) == Some(key) {
+            self.cursor += 1;
+            true
+        } else if self.keys.first() == Some(key) {
+            self.cursor = 1;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// The scheduler-owned state of the async lookup protocol.
@@ -60,14 +228,24 @@ struct RequestEntry<K> {
 /// assert!(table.is_empty());
 /// ```
 pub struct LookupTable<K, R: Request> {
-    states: HashMap<K, Entry<R::Id>>,
-    requests: HashMap<R::Id, RequestEntry<K>>,
+    states: HashMap<K, Entry>,
+    /// Live request ids and their slots.
+    slot_of: HashMap<R::Id, u32>,
+    slots: Vec<Slot<K, R::Id>>,
+    free_slots: Vec<u32>,
+    /// The slot of the last request that called `lookup`: a scheduler asks
+    /// about one request's keys in a row, so this saves hashing the id.
+    last_slot: u32,
+    overflow: Overflow,
     /// This step's new keys, grouped by request in first-appearance order.
     batch: Vec<Group<K, R>>,
-    /// Index in `batch` of each request's group. Kept apart from
-    /// `requests` so a request cleaned up and seen again within one step
-    /// still gets one group.
+    /// Index in `batch` of each request's group. Kept apart from the slots
+    /// so a request cleaned up and seen again within one step still gets
+    /// one group.
     batch_groups: HashMap<R::Id, usize>,
+    /// Bumped by every `take_submission`: slots' cached group indices from
+    /// an earlier batch are then stale.
+    batch_epoch: u64,
     next_generation: u64,
     stats: Stats,
     /// `(seq, outcome)` of every applied group, in application order, while
@@ -79,9 +257,14 @@ impl<K, R: Request> Default for LookupTable<K, R> {
     fn default() -> Self {
         Self {
             states: HashMap::new(),
-            requests: HashMap::new(),
+            slot_of: HashMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            last_slot: NONE,
+            overflow: Overflow::default(),
             batch: Vec::new(),
             batch_groups: HashMap::new(),
+            batch_epoch: 0,
             next_generation: 0,
             stats: Stats::default(),
             applied_log: None,
@@ -105,45 +288,25 @@ where
     /// step's batch under `request`'s group; it is [`Verdict::Pending`] until
     /// its result is applied. A known key is never batched again: a second
     /// request asking for it shares the probe already pending or in flight.
+    #[inline(always)]
     pub fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
         self.stats.lookups += 1;
-        let id = request.id();
-        let (phase, generation) = match self.states.get_mut(key) {
-            Some(state) => {
-                if !state.requesters.contains(id) {
-                    state.requesters.push(id.clone());
-                    Self::request_entry(&mut self.requests, id)
-                        .keys
-                        .push(key.clone());
+        let slot = self.slot_for(request.id());
+        let entry = match self.states.get_mut(key) {
+            Some(entry) => {
+                let record = &mut self.slots[slot as usize];
+                if record.follows(key) {
+                    // Linked already: the slot's keys are exactly its links.
+                } else if !self.overflow.holds(*entry, slot) {
+                    self.overflow.add(entry, slot);
+                    record.keys.push(key.clone());
+                    record.cursor = record.keys.len();
                 }
-                (state.phase, state.generation)
+                *entry
             }
-            None => {
-                let generation = Generation(self.next_generation);
-                self.next_generation += 1;
-                self.states.insert(
-                    key.clone(),
-                    Entry {
-                        generation,
-                        phase: Phase::Pending,
-                        requesters: vec![id.clone()],
-                    },
-                );
-                Self::request_entry(&mut self.requests, id)
-                    .keys
-                    .push(key.clone());
-                let batch = &mut self.batch;
-                let index = *self.batch_groups.entry(id.clone()).or_insert_with(|| {
-                    batch.push(Group::new(request.clone()));
-                    batch.len() - 1
-                });
-                let group = &mut self.batch[index];
-                group.keys.push(key.clone());
-                group.generations.push(generation);
-                (Phase::Pending, generation)
-            }
+            None => self.insert_new(key, request, slot),
         };
-        match phase {
+        match entry.phase() {
             Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
                 Verdict::Pending
@@ -152,7 +315,7 @@ where
                 self.stats.hits += 1;
                 Verdict::Hit(Ticket {
                     key: key.clone(),
-                    generation,
+                    generation: entry.generation(),
                 })
             }
             Phase::Resolved { found: false } => {
@@ -162,13 +325,82 @@ where
         }
     }
 
-    fn request_entry<'a>(
-        requests: &'a mut HashMap<R::Id, RequestEntry<K>>,
-        id: &R::Id,
-    ) -> &'a mut RequestEntry<K> {
-        requests
-            .entry(id.clone())
-            .or_insert_with(|| RequestEntry { keys: Vec::new() })
+    /// A fresh state for a key looked up for the first time, batched under
+    /// `request`'s group. Kept out of line so the known-key path of
+    /// [`lookup`](Self::lookup) stays small enough to inline.
+    #[inline(never)]
+    fn insert_new(&mut self, key: &K, request: &R, slot: u32) -> Entry {
+        let generation = Generation(self.next_generation);
+        self.next_generation += 1;
+        let entry = Entry::new(generation, slot);
+        self.states.insert(key.clone(), entry);
+        let record = &mut self.slots[slot as usize];
+        record.keys.push(key.clone());
+        record.cursor = record.keys.len();
+        let index = if record.batch_epoch == self.batch_epoch {
+            record.batch_index
+        } else {
+            let id = request.id();
+            let index = match self.batch_groups.get(id) {
+                Some(&index) => index,
+                None => {
+                    self.batch.push(Group::new(request.clone()));
+                    self.batch_groups.insert(id.clone(), self.batch.len() - 1);
+                    self.batch.len() - 1
+                }
+            };
+            let record = &mut self.slots[slot as usize];
+            record.batch_index = index;
+            record.batch_epoch = self.batch_epoch;
+            index
+        };
+        let group = &mut self.batch[index];
+        group.keys.push(key.clone());
+        group.generations.push(generation);
+        entry
+    }
+
+    /// The slot of live request `id`, taking a free one for a new request.
+    #[inline]
+    fn slot_for(&mut self, id: &R::Id) -> u32 {
+        if let Some(slot) = self.slots.get(self.last_slot as usize)
+            && slot.id.as_ref() == Some(id)
+        {
+            return self.last_slot;
+        }
+        self.slot_for_other(id)
+    }
+
+    #[inline(never)]
+    fn slot_for_other(&mut self, id: &R::Id) -> u32 {
+        let slot = match self.slot_of.get(id) {
+            Some(&slot) => slot,
+            None => {
+                let slot = match self.free_slots.pop() {
+                    Some(slot) => {
+                        self.slots[slot as usize].id = Some(id.clone());
+                        slot
+                    }
+                    None => {
+                        // u32::MAX is NONE: 4 billion live requests at once
+                        // is not a scheduler this table serves.
+                        assert!(self.slots.len() < NONE as usize, "too many live requests");
+                        self.slots.push(Slot {
+                            id: Some(id.clone()),
+                            keys: Vec::new(),
+                            cursor: 0,
+                            batch_index: 0,
+                            batch_epoch: NO_EPOCH,
+                        });
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.slot_of.insert(id.clone(), slot);
+                slot
+            }
+        };
+        self.last_slot = slot;
+        slot
     }
 
     /// Ends the step: takes the keys looked up for the first time since the
@@ -179,6 +411,7 @@ where
     /// empty submission never reaches the worker.
     pub fn take_submission(&mut self) -> Option<Submission<K, R>> {
         self.batch_groups.clear();
+        self.batch_epoch += 1;
         let mut groups = mem::take(&mut self.batch);
         groups.retain_mut(|group| {
             let mut kept = 0;
@@ -187,17 +420,17 @@ where
                 let Some(state) = self.states.get_mut(&group.keys[i]) else {
                     continue; // cleaned up before the flush
                 };
-                if state.generation != generation {
+                if state.generation() != generation {
                     continue; // cleaned up and looked up again: the newer entry stands
                 }
-                if state.phase != Phase::Pending {
+                if state.phase() != Phase::Pending {
                     // Only this method moves a state out of Pending, and each
                     // generation is batched once, so this cannot happen.
                     self.stats.anomalies += 1;
-                    tracing::error!(?generation, phase = ?state.phase, "batched key is not pending");
+                    tracing::error!(?generation, phase = ?state.phase(), "batched key is not pending");
                     continue;
                 }
-                state.phase = Phase::InFlight;
+                state.set_phase(Phase::InFlight);
                 group.keys.swap(kept, i);
                 group.generations.swap(kept, i);
                 kept += 1;
@@ -243,29 +476,30 @@ where
             .zip(result.generations)
             .zip(result.found);
         for ((key, generation), found) in entries {
-            let Some(state) = self.states.get_mut(&key) else {
+            let MapEntry::Occupied(mut slot) = self.states.entry(key) else {
                 self.stats.stale_results += 1;
                 continue;
             };
-            if state.generation != generation {
+            let state = slot.get_mut();
+            if state.generation() != generation {
                 // L3: a late answer for an older incarnation of the key.
                 self.stats.stale_results += 1;
                 continue;
             }
-            if state.phase != Phase::InFlight {
+            if state.phase() != Phase::InFlight {
                 // A generation is submitted once and answered once, and
                 // nothing but this method leaves InFlight: unreachable unless
                 // a result is applied twice.
                 self.stats.anomalies += 1;
-                tracing::error!(?generation, phase = ?state.phase, "result for a state that is not in flight");
+                tracing::error!(?generation, phase = ?state.phase(), "result for a state that is not in flight");
                 continue;
             }
-            if state.requesters.is_empty() {
-                self.states.remove(&key);
+            if !state.has_requesters() {
+                slot.remove();
                 self.stats.orphans_dropped += 1;
                 continue;
             }
-            state.phase = Phase::Resolved { found };
+            state.set_phase(Phase::Resolved { found });
         }
     }
 
@@ -278,10 +512,10 @@ where
     pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> bool {
         match self.states.get_mut(&ticket.key) {
             Some(state)
-                if state.generation == ticket.generation
-                    && state.phase == (Phase::Resolved { found: true }) =>
+                if state.generation() == ticket.generation
+                    && state.phase() == (Phase::Resolved { found: true }) =>
             {
-                state.phase = Phase::Resolved { found: false };
+                state.set_phase(Phase::Resolved { found: false });
                 self.stats.marked_miss += 1;
                 true
             }
@@ -300,9 +534,9 @@ where
         let mut changed = 0;
         for key in keys {
             if let Some(state) = self.states.get_mut(key)
-                && state.phase == (Phase::Resolved { found: true })
+                && state.phase() == (Phase::Resolved { found: true })
             {
-                state.phase = Phase::Resolved { found: false };
+                state.set_phase(Phase::Resolved { found: false });
                 changed += 1;
             }
         }
@@ -317,20 +551,28 @@ where
     /// key shares the probe instead of submitting a second one; if nobody
     /// joins, its answer removes it. Unknown ids are a no-op.
     pub fn cleanup(&mut self, id: &R::Id) {
-        let Some(entry) = self.requests.remove(id) else {
+        let Some(slot) = self.slot_of.remove(id) else {
             return;
         };
-        for key in entry.keys {
-            let Some(state) = self.states.get_mut(&key) else {
+        let record = &mut self.slots[slot as usize];
+        record.id = None;
+        record.cursor = 0;
+        record.batch_epoch = NO_EPOCH;
+        let mut keys = mem::take(&mut record.keys);
+        for key in keys.drain(..) {
+            let MapEntry::Occupied(mut occupied) = self.states.entry(key) else {
                 continue;
             };
-            if let Some(position) = state.requesters.iter().position(|r| r == id) {
-                state.requesters.swap_remove(position);
-            }
-            if state.requesters.is_empty() && state.phase != Phase::InFlight {
-                self.states.remove(&key);
+            let state = occupied.get_mut();
+            self.overflow.remove(state, slot);
+            if !state.has_requesters() && state.phase() != Phase::InFlight {
+                occupied.remove();
             }
         }
+        if keys.capacity() <= REUSE_KEYS {
+            self.slots[slot as usize].keys = keys;
+        }
+        self.free_slots.push(slot);
     }
 
     /// Starts (or stops) recording which groups are applied, in order, with
@@ -355,10 +597,10 @@ where
 
     /// The state of `key`, if the table tracks it.
     pub fn key_state(&self, key: &K) -> Option<KeyState> {
-        self.states.get(key).map(|state| KeyState {
-            generation: state.generation,
-            phase: state.phase,
-            requesters: state.requesters.len(),
+        self.states.get(key).map(|&state| KeyState {
+            generation: state.generation(),
+            phase: state.phase(),
+            requesters: self.overflow.count(state),
         })
     }
 
@@ -369,48 +611,73 @@ where
 
     /// Number of live requests (looked up at least one key, not cleaned up).
     pub fn request_count(&self) -> usize {
-        self.requests.len()
+        self.slot_of.len()
     }
 
     /// True when the table tracks no key and no request: the state after every
     /// request was cleaned up and every submitted group's result applied.
     pub fn is_empty(&self) -> bool {
-        self.states.is_empty() && self.requests.is_empty()
+        self.states.is_empty() && self.slot_of.is_empty()
     }
 
     /// Checks the table's structural invariants (reverse index and
     /// requester lists agree, no state is left without requesters unless its
     /// probe is in flight). For tests and models; `Err` names the violation.
     pub fn check_invariants(&self) -> Result<(), String> {
-        for (id, entry) in &self.requests {
-            for key in &entry.keys {
-                let Some(state) = self.states.get(key) else {
+        let mut live = 0;
+        for (index, slot) in self.slots.iter().enumerate() {
+            let Some(id) = &slot.id else {
+                if !slot.keys.is_empty() {
+                    return Err(format!("free slot {index} still holds keys"));
+                }
+                continue;
+            };
+            live += 1;
+            if self.slot_of.get(id) != Some(&(index as u32)) {
+                return Err(format!("request {id:?} is not indexed at its slot {index}"));
+            }
+            for key in &slot.keys {
+                let Some(&state) = self.states.get(key) else {
                     return Err(format!("request {id:?} holds a key with no state"));
                 };
-                if !state.requesters.contains(id) {
+                if !self.overflow.holds(state, index as u32) {
                     return Err(format!("request {id:?} holds a key that does not list it"));
                 }
             }
         }
+        if live != self.slot_of.len() {
+            return Err(format!(
+                "{} indexed request ids but {live} live slots",
+                self.slot_of.len()
+            ));
+        }
         let mut links = 0;
-        for state in self.states.values() {
-            if state.requesters.is_empty() && state.phase != Phase::InFlight {
+        for &state in self.states.values() {
+            if state.first == NONE && state.more != NONE {
                 return Err(format!(
-                    "state {:?} has no requesters but is {:?}",
-                    state.generation, state.phase
+                    "state {:?} has overflow requesters but no first",
+                    state.generation()
                 ));
             }
-            for id in &state.requesters {
-                if !self.requests.contains_key(id) {
+            let requesters = self.overflow.all(state);
+            if requesters.is_empty() && state.phase() != Phase::InFlight {
+                return Err(format!(
+                    "state {:?} has no requesters but is {:?}",
+                    state.generation(),
+                    state.phase()
+                ));
+            }
+            for &slot in &requesters {
+                if self.slots.get(slot as usize).is_none_or(|s| s.id.is_none()) {
                     return Err(format!(
-                        "state {:?} lists unknown request {id:?}",
-                        state.generation
+                        "state {:?} lists unknown request slot {slot}",
+                        state.generation()
                     ));
                 }
             }
-            links += state.requesters.len();
+            links += requesters.len();
         }
-        let reverse_links: usize = self.requests.values().map(|e| e.keys.len()).sum();
+        let reverse_links: usize = self.slots.iter().map(|s| s.keys.len()).sum();
         if links != reverse_links {
             return Err(format!(
                 "{links} requester links but {reverse_links} reverse-index links (a duplicate)"
@@ -485,7 +752,11 @@ mod tests {
         table.lookup(&5, &1);
         table.lookup(&6, &1);
         // Corrupted by hand: only take_submission moves a state out of Pending.
-        table.states.get_mut(&5).unwrap().phase = Phase::Resolved { found: true };
+        table
+            .states
+            .get_mut(&5)
+            .unwrap()
+            .set_phase(Phase::Resolved { found: true });
         let submission = table.take_submission().expect("key 6 is still new");
         assert_eq!(submission.groups()[0].keys(), [6]);
         assert_eq!(table.stats().anomalies, 1);
@@ -504,41 +775,89 @@ mod tests {
     #[test]
     fn check_invariants_reports_each_kind_of_corruption() {
         // Corrupted by hand: the public API cannot produce any of these.
-        let mut table = populated();
-        table.requests.get_mut(&1).unwrap().keys.push(7);
-        assert!(table.check_invariants().unwrap_err().contains("no state"));
+        fn slot(table: &LookupTable<u64, u64>, id: u64) -> usize {
+            table.slot_of[&id] as usize
+        }
+        fn expect(table: &LookupTable<u64, u64>, needle: &str) {
+            let error = table.check_invariants().unwrap_err();
+            assert!(error.contains(needle), "{error}");
+        }
 
         let mut table = populated();
-        table.states.get_mut(&6).unwrap().requesters.clear();
-        let error = table.check_invariants().unwrap_err();
-        assert!(error.contains("does not list it"), "{error}");
+        let s1 = slot(&table, 1);
+        table.slots[s1].keys.push(7);
+        expect(&table, "no state");
 
         let mut table = populated();
-        table.requests.remove(&1);
-        let error = table.check_invariants().unwrap_err();
-        assert!(error.contains("lists unknown request"), "{error}");
+        table.states.get_mut(&6).unwrap().first = NONE;
+        expect(&table, "does not list it");
 
         let mut table = populated();
-        table.requests.remove(&1);
-        table
-            .states
-            .get_mut(&5)
-            .unwrap()
-            .requesters
-            .retain(|&id| id == 2);
-        table.states.get_mut(&6).unwrap().requesters.clear();
-        table
-            .requests
-            .get_mut(&2)
-            .unwrap()
-            .keys
-            .retain(|&key| key == 5);
-        let error = table.check_invariants().unwrap_err();
-        assert!(error.contains("no requesters"), "{error}");
+        let s1 = slot(&table, 1);
+        table.slots[s1].id = None;
+        table.slots[s1].keys.clear();
+        table.slot_of.remove(&1);
+        expect(&table, "lists unknown request");
 
         let mut table = populated();
-        table.states.get_mut(&5).unwrap().requesters.push(2);
-        let error = table.check_invariants().unwrap_err();
-        assert!(error.contains("a duplicate"), "{error}");
+        let s2 = slot(&table, 2);
+        table.states.get_mut(&6).unwrap().first = NONE;
+        table.slots[s2].keys.retain(|&key| key == 5);
+        expect(&table, "no requesters");
+
+        let mut table = populated();
+        let s2 = slot(&table, 2) as u32;
+        let entry = table.states.get_mut(&5).unwrap();
+        table.overflow.add(entry, s2);
+        expect(&table, "a duplicate");
+
+        let mut table = populated();
+        let s1 = slot(&table, 1);
+        table.slots[s1].id = None;
+        expect(&table, "free slot");
+
+        let mut table = populated();
+        table.slot_of.insert(1, 7);
+        expect(&table, "not indexed at its slot");
+
+        let mut table = populated();
+        table.slot_of.insert(9, 0);
+        expect(&table, "indexed request ids");
+
+        let mut table = populated();
+        let s1 = slot(&table, 1);
+        table.states.get_mut(&5).unwrap().first = NONE;
+        table.slots[s1].keys.clear();
+        expect(&table, "overflow requesters but no first");
+    }
+
+    #[test]
+    fn requesters_beyond_the_first_come_and_go_through_reused_lists() {
+        let mut table = LookupTable::<u64, u64>::new();
+        for request in 1..=4 {
+            table.lookup(&5, &request);
+        }
+        assert_eq!(table.key_state(&5).unwrap().requesters, 4);
+        assert_eq!(table.overflow.lists.len(), 1);
+        // Cleaning up the first requester promotes one from the list.
+        table.cleanup(&1);
+        table.cleanup(&3);
+        assert_eq!(table.key_state(&5).unwrap().requesters, 2);
+        table.check_invariants().unwrap();
+        table.cleanup(&4);
+        // One requester left: the list went back to the free pool.
+        assert_eq!(table.overflow.free.len(), 1);
+        table.lookup(&6, &2);
+        table.lookup(&6, &7);
+        assert_eq!(table.overflow.lists.len(), 1, "the freed list was reused");
+        table.check_invariants().unwrap();
+        table.cleanup(&2);
+        table.cleanup(&7);
+        assert!(table.key_state(&5).is_none());
+        assert!(
+            table.key_state(&6).is_none(),
+            "pending, not in flight: removed"
+        );
+        assert!(table.is_empty());
     }
 }
