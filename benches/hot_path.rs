@@ -176,8 +176,10 @@ mod benches {
 
     /// The step workload on the threaded driver, as in
     /// `examples/step_workload.rs`.
+    type Backend = fn(&[u64], &u64) -> Vec<bool>;
+
     struct Driven {
-        lookup: AsyncLookup<u64, u64, fn(&[u64], &u64) -> Vec<bool>>,
+        lookup: AsyncLookup<u64, u64, Backend>,
         trace: Trace,
     }
 
@@ -195,7 +197,7 @@ mod benches {
 
     impl Driven {
         fn new() -> Self {
-            let backend: fn(&[u64], &u64) -> Vec<bool> = answer;
+            let backend: Backend = answer;
             Self {
                 lookup: AsyncLookup::new(backend).expect("worker thread"),
                 trace: Trace::new(),

@@ -34,9 +34,8 @@ def load(root):
                 if kind in throughput:
                     value = throughput[kind]
                     per = value["elements"] if isinstance(value, dict) else value
-            bench = meta.get("function_id") or os.path.basename(os.path.dirname(dirpath))
-            if meta.get("value_str"):
-                bench = f"{bench}/{meta['value_str']}"
+            function = meta.get("function_id") or os.path.basename(os.path.dirname(dirpath))
+            bench = (function, meta.get("value_str") or "")
             groups.setdefault(meta.get("group_id", group), {})[bench] = (
                 est["median"]["point_estimate"] / per,
                 est["median_abs_dev"]["point_estimate"] / per,
@@ -63,15 +62,20 @@ def main():
     for group, benches in load(args.criterion_dir).items():
         if args.groups and group not in args.groups:
             continue
-        baselines = sorted(b for b in benches if b.split("/")[0].startswith("baseline"))
+        # Baselines are compared at the same parameter (table size...).
+        baselines = sorted({f for f, _ in benches if f.startswith("baseline")})
         header = ["bench", "median / element", "MAD", "elements"] + [f"÷ {b}" for b in baselines]
         print(f"\n### {group}\n")
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
-        for bench, (median, mad, per) in sorted(benches.items()):
-            row = [bench, fmt(median), f"{100 * mad / median:.1f} %", str(per)]
+        order = sorted(benches, key=lambda b: (b[0], float(b[1]) if b[1].replace(".", "").isdigit() else b[1]))
+        for function, value in order:
+            median, mad, per = benches[(function, value)]
+            name = f"{function}/{value}" if value else function
+            row = [name, fmt(median), f"{100 * mad / median:.1f} %", str(per)]
             for base in baselines:
-                row.append(f"{median / benches[base][0]:.2f}×")
+                reference = benches.get((base, value))
+                row.append(f"{median / reference[0]:.2f}×" if reference else "")
             print("| " + " | ".join(row) + " |")
 
 

@@ -21,6 +21,11 @@ use super::types::{Generation, KeyState, Phase, Request, Ticket, Verdict};
 /// "No slot" in [`Entry::first`] and [`Entry::more`].
 const NONE: u32 = u32::MAX;
 
+/// Outcome codes in the low bits of [`Entry::packed`].
+const UNRESOLVED: u64 = 0;
+const MISS: u64 = 2;
+const HIT: u64 = 3;
+
 /// A slot's `batch_epoch` when it caches no group index.
 const NO_EPOCH: u64 = u64::MAX;
 
@@ -31,7 +36,7 @@ const REUSE_KEYS: usize = 4096;
 /// One key's lookup state.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    /// `generation << 2 | phase code` (see [`Entry::phase`]). Generations
+    /// `generation << 2 | outcome code` (see [`Entry::phase`]). Generations
     /// come from a counter bumped once per new state, so 62 bits do not run
     /// out (10^9 new keys a second would take 146 years).
     packed: u64,
@@ -56,23 +61,21 @@ impl Entry {
         Generation(self.packed >> 2)
     }
 
-    fn phase(self) -> Phase {
+    /// The phase, given the table's flush watermark: an unresolved state
+    /// created since the last flush is pending, an older one is in flight.
+    /// So a flush moves every batched key to in flight by moving the
+    /// watermark, without touching the keys.
+    fn phase(self, flushed_below: u64) -> Phase {
         match self.packed & 3 {
-            0 => Phase::Pending,
-            1 => Phase::InFlight,
-            2 => Phase::Resolved { found: false },
+            UNRESOLVED if self.packed >> 2 >= flushed_below => Phase::Pending,
+            UNRESOLVED => Phase::InFlight,
+            MISS => Phase::Resolved { found: false },
             _ => Phase::Resolved { found: true },
         }
     }
 
-    fn set_phase(&mut self, phase: Phase) {
-        let code = match phase {
-            Phase::Pending => 0,
-            Phase::InFlight => 1,
-            Phase::Resolved { found: false } => 2,
-            Phase::Resolved { found: true } => 3,
-        };
-        self.packed = (self.packed & !3) | code;
+    fn resolve(&mut self, found: bool) {
+        self.packed = (self.packed & !3) | if found { HIT } else { MISS };
     }
 
     fn has_requesters(self) -> bool {
@@ -246,6 +249,12 @@ pub struct LookupTable<K, R: Request> {
     /// Bumped by every `take_submission`: slots' cached group indices from
     /// an earlier batch are then stale.
     batch_epoch: u64,
+    /// Generations below this were created before the last flush: an
+    /// unresolved state below it is in flight, one at or above it pending.
+    flushed_below: u64,
+    /// Generations of batched (pending) states that cleanup removed before
+    /// the flush; the flush leaves them out.
+    dropped_pending: hashbrown::HashSet<u64>,
     next_generation: u64,
     stats: Stats,
     /// `(seq, outcome)` of every applied group, in application order, while
@@ -265,6 +274,8 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             batch: Vec::new(),
             batch_groups: HashMap::new(),
             batch_epoch: 0,
+            flushed_below: 0,
+            dropped_pending: hashbrown::HashSet::new(),
             next_generation: 0,
             stats: Stats::default(),
             applied_log: None,
@@ -294,19 +305,23 @@ where
         let slot = self.slot_for(request.id());
         let entry = match self.states.get_mut(key) {
             Some(entry) => {
-                let record = &mut self.slots[slot as usize];
-                if record.follows(key) {
-                    // Linked already: the slot's keys are exactly its links.
-                } else if !self.overflow.holds(*entry, slot) {
-                    self.overflow.add(entry, slot);
-                    record.keys.push(key.clone());
-                    record.cursor = record.keys.len();
+                // Already linked if the request is the key's first requester
+                // (in the entry, already loaded), or the key is the one its
+                // request is expected to ask next (the slot's keys are exactly
+                // its links), or, failing both, it is in the overflow list.
+                if entry.first != slot {
+                    let record = &mut self.slots[slot as usize];
+                    if !record.follows(key) && !self.overflow.holds(*entry, slot) {
+                        self.overflow.add(entry, slot);
+                        record.keys.push(key.clone());
+                        record.cursor = record.keys.len();
+                    }
                 }
                 *entry
             }
             None => self.insert_new(key, request, slot),
         };
-        match entry.phase() {
+        match entry.phase(self.flushed_below) {
             Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
                 Verdict::Pending
@@ -413,32 +428,28 @@ where
         self.batch_groups.clear();
         self.batch_epoch += 1;
         let mut groups = mem::take(&mut self.batch);
-        groups.retain_mut(|group| {
-            let mut kept = 0;
-            for i in 0..group.keys.len() {
-                let generation = group.generations[i];
-                let Some(state) = self.states.get_mut(&group.keys[i]) else {
-                    continue; // cleaned up before the flush
-                };
-                if state.generation() != generation {
-                    continue; // cleaned up and looked up again: the newer entry stands
+        // Every state created since the last flush is batched once, and
+        // moving the watermark puts all of them in flight at once; only the
+        // ones cleanup removed meanwhile have to be picked out.
+        self.flushed_below = self.next_generation;
+        if !self.dropped_pending.is_empty() {
+            let dropped = &self.dropped_pending;
+            groups.retain_mut(|group| {
+                let mut kept = 0;
+                for i in 0..group.keys.len() {
+                    if dropped.contains(&group.generations[i].0) {
+                        continue; // cleaned up before the flush
+                    }
+                    group.keys.swap(kept, i);
+                    group.generations.swap(kept, i);
+                    kept += 1;
                 }
-                if state.phase() != Phase::Pending {
-                    // Only this method moves a state out of Pending, and each
-                    // generation is batched once, so this cannot happen.
-                    self.stats.anomalies += 1;
-                    tracing::error!(?generation, phase = ?state.phase(), "batched key is not pending");
-                    continue;
-                }
-                state.set_phase(Phase::InFlight);
-                group.keys.swap(kept, i);
-                group.generations.swap(kept, i);
-                kept += 1;
-            }
-            group.keys.truncate(kept);
-            group.generations.truncate(kept);
-            kept > 0
-        });
+                group.keys.truncate(kept);
+                group.generations.truncate(kept);
+                kept > 0
+            });
+            self.dropped_pending.clear();
+        }
         if groups.is_empty() {
             return None;
         }
@@ -486,12 +497,17 @@ where
                 self.stats.stale_results += 1;
                 continue;
             }
-            if state.phase() != Phase::InFlight {
+            let phase = state.phase(self.flushed_below);
+            if phase != Phase::InFlight {
                 // A generation is submitted once and answered once, and
                 // nothing but this method leaves InFlight: unreachable unless
                 // a result is applied twice.
                 self.stats.anomalies += 1;
-                tracing::error!(?generation, phase = ?state.phase(), "result for a state that is not in flight");
+                tracing::error!(
+                    ?generation,
+                    ?phase,
+                    "result for a state that is not in flight"
+                );
                 continue;
             }
             if !state.has_requesters() {
@@ -499,7 +515,7 @@ where
                 self.stats.orphans_dropped += 1;
                 continue;
             }
-            state.set_phase(Phase::Resolved { found });
+            state.resolve(found);
         }
     }
 
@@ -513,9 +529,9 @@ where
         match self.states.get_mut(&ticket.key) {
             Some(state)
                 if state.generation() == ticket.generation
-                    && state.phase() == (Phase::Resolved { found: true }) =>
+                    && state.phase(self.flushed_below) == (Phase::Resolved { found: true }) =>
             {
-                state.set_phase(Phase::Resolved { found: false });
+                state.resolve(false);
                 self.stats.marked_miss += 1;
                 true
             }
@@ -534,9 +550,9 @@ where
         let mut changed = 0;
         for key in keys {
             if let Some(state) = self.states.get_mut(key)
-                && state.phase() == (Phase::Resolved { found: true })
+                && state.phase(self.flushed_below) == (Phase::Resolved { found: true })
             {
-                state.set_phase(Phase::Resolved { found: false });
+                state.resolve(false);
                 changed += 1;
             }
         }
@@ -565,8 +581,18 @@ where
             };
             let state = occupied.get_mut();
             self.overflow.remove(state, slot);
-            if !state.has_requesters() && state.phase() != Phase::InFlight {
-                occupied.remove();
+            if state.has_requesters() {
+                continue;
+            }
+            match state.phase(self.flushed_below) {
+                Phase::InFlight => {} // kept as an orphan
+                Phase::Pending => {
+                    self.dropped_pending.insert(state.generation().0);
+                    occupied.remove();
+                }
+                Phase::Resolved { .. } => {
+                    occupied.remove();
+                }
             }
         }
         if keys.capacity() <= REUSE_KEYS {
@@ -599,7 +625,7 @@ where
     pub fn key_state(&self, key: &K) -> Option<KeyState> {
         self.states.get(key).map(|&state| KeyState {
             generation: state.generation(),
-            phase: state.phase(),
+            phase: state.phase(self.flushed_below),
             requesters: self.overflow.count(state),
         })
     }
@@ -660,11 +686,11 @@ where
                 ));
             }
             let requesters = self.overflow.all(state);
-            if requesters.is_empty() && state.phase() != Phase::InFlight {
+            let phase = state.phase(self.flushed_below);
+            if requesters.is_empty() && phase != Phase::InFlight {
                 return Err(format!(
-                    "state {:?} has no requesters but is {:?}",
+                    "state {:?} has no requesters but is {phase:?}",
                     state.generation(),
-                    state.phase()
                 ));
             }
             for &slot in &requesters {
@@ -747,19 +773,32 @@ mod tests {
     }
 
     #[test]
-    fn a_batched_key_that_is_not_pending_is_an_anomaly_and_not_submitted() {
+    fn a_flush_leaves_out_exactly_the_batched_keys_cleanup_removed() {
         let mut table = LookupTable::<u64, u64>::new();
         table.lookup(&5, &1);
         table.lookup(&6, &1);
-        // Corrupted by hand: only take_submission moves a state out of Pending.
-        table
-            .states
-            .get_mut(&5)
-            .unwrap()
-            .set_phase(Phase::Resolved { found: true });
-        let submission = table.take_submission().expect("key 6 is still new");
-        assert_eq!(submission.groups()[0].keys(), [6]);
-        assert_eq!(table.stats().anomalies, 1);
+        table.lookup(&6, &2);
+        table.lookup(&7, &2);
+        table.cleanup(&1); // removes pending 5; 6 is still held by 2
+        table.lookup(&5, &3); // a new state for 5, batched again
+        let submission = table.take_submission().expect("keys left");
+        let batched: Vec<(u64, u64)> = submission
+            .groups()
+            .iter()
+            .flat_map(|g| {
+                g.keys
+                    .iter()
+                    .zip(&g.generations)
+                    .map(|(k, gen_)| (*k, gen_.0))
+            })
+            .collect();
+        assert_eq!(batched, [(6, 1), (7, 2), (5, 3)]);
+        assert!(table.dropped_pending.is_empty(), "cleared by the flush");
+        for key in [5, 6, 7] {
+            assert_eq!(table.key_state(&key).unwrap().phase, Phase::InFlight);
+        }
+        table.lookup(&8, &3);
+        assert_eq!(table.key_state(&8).unwrap().phase, Phase::Pending);
     }
 
     /// A table with two requests sharing key 5 and request 2 holding key 6.

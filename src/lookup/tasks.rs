@@ -342,6 +342,7 @@ where
 
     /// What the tier knows about `key`, recording that `request` asked (see
     /// [`LookupTable::lookup`]). Applies everything published first.
+    #[inline(always)]
     pub fn lookup(&mut self, key: &K, request: &R) -> Result<Verdict<K>, LookupError> {
         self.ensure_open()?;
         Ok(self.front.lookup(key, request))
