@@ -1,6 +1,6 @@
 //! Connector composition and multi-worker report aggregation.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 

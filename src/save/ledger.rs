@@ -1,11 +1,16 @@
 //! The sans-IO bookkeeping of one worker's saves.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 
 use super::stats::SaveStats;
 use super::task::{TaskError, TaskId};
+
+/// Above this many requests per task, duplicates are found with a set.
+const DEDUPE_BY_SCAN: usize = 16;
 
 /// How a task ended, as far as the counters care.
 #[derive(Debug)]
@@ -81,8 +86,15 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         self.next_task += 1;
         self.stats.tasks_submitted += 1;
         let mut members: Vec<R> = Vec::with_capacity(requests.len());
+        // Duplicates are dropped by a scan for the usual handful of
+        // requests, by a set for a large batch (no quadratic blow-up).
+        let mut seen = (requests.len() > DEDUPE_BY_SCAN).then(HashSet::new);
         for request in requests {
-            if members.contains(request) {
+            let duplicate = match &mut seen {
+                Some(seen) => !seen.insert(request),
+                None => members.contains(request),
+            };
+            if duplicate {
                 continue;
             }
             if !self.recorded.contains_key(request) {

@@ -1,6 +1,6 @@
 //! The scheduler-side half: which finished requests delay their free.
 
-use std::collections::HashSet;
+use hashbrown::HashSet;
 use std::fmt::Debug;
 use std::hash::Hash;
 

@@ -1,9 +1,11 @@
 //! The worker-side tracker: a [`SaveLedger`] plus the tasks it accounts for.
 
-use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
+use std::mem;
 use std::panic::{self, AssertUnwindSafe};
+
+use hashbrown::HashMap;
 
 use super::ledger::{Closed, Ended, SaveLedger};
 use super::scheduler::SaveStep;
@@ -75,6 +77,8 @@ pub struct SaveTracker<R, T> {
     ledger: SaveLedger<R>,
     tasks: HashMap<TaskId, T>,
     mode: CompletionMode,
+    /// `poll`'s list of tasks to close, kept for its allocation.
+    done: Vec<(TaskId, Closed)>,
 }
 
 impl<R, T> Default for SaveTracker<R, T>
@@ -103,6 +107,7 @@ where
             ledger: SaveLedger::new(),
             tasks: HashMap::new(),
             mode,
+            done: Vec::new(),
         }
     }
 
@@ -137,24 +142,30 @@ where
     /// Reaps every task whose non-blocking check says it is complete; returns
     /// how many.
     pub fn poll(&mut self) -> usize {
-        let running: Vec<TaskId> = self.ledger.running().collect();
-        let mut reaped = 0;
-        for id in running {
-            let task = &self.tasks[&id];
+        // Checked in place (no copy of the running set), closed afterwards
+        // in ascending id order, as a wait in the ledger's order would.
+        let mut done = mem::take(&mut self.done);
+        for (&id, task) in &self.tasks {
             match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
                 Ok(false) => {}
-                Ok(true) => {
-                    self.close(id, Closed::Reaped);
-                    reaped += 1;
-                }
+                Ok(true) => done.push((id, Closed::Reaped)),
                 Err(payload) => {
                     // Nothing says whether the I/O is over: wait for it.
                     self.ledger.check_panicked();
                     tracing::error!(task = %id, panic = %panic_message(payload.as_ref()), "a save task's check panicked; waiting for it");
-                    self.close(id, Closed::Waited);
+                    done.push((id, Closed::Waited));
                 }
             }
         }
+        done.sort_unstable_by_key(|&(id, _)| id);
+        let reaped = done
+            .iter()
+            .filter(|(_, how)| *how == Closed::Reaped)
+            .count();
+        for (id, how) in done.drain(..) {
+            self.close(id, how);
+        }
+        self.done = done;
         reaped
     }
 
