@@ -5,7 +5,7 @@ use std::hash::Hash;
 use std::mem;
 use std::panic::{self, AssertUnwindSafe};
 
-use hashbrown::HashMap;
+use std::collections::BTreeMap;
 
 use super::ledger::{Closed, Ended, SaveLedger};
 use super::scheduler::SaveStep;
@@ -75,7 +75,9 @@ pub enum CompletionMode {
 /// ```
 pub struct SaveTracker<R, T> {
     ledger: SaveLedger<R>,
-    tasks: HashMap<TaskId, T>,
+    /// Ordered, so `poll` checks tasks in id order: deterministic, which
+    /// the model checkers need (they replay schedules), and no sort.
+    tasks: BTreeMap<TaskId, T>,
     mode: CompletionMode,
     /// `poll`'s list of tasks to close, kept for its allocation.
     done: Vec<(TaskId, Closed)>,
@@ -105,7 +107,7 @@ where
     pub fn with_mode(mode: CompletionMode) -> Self {
         Self {
             ledger: SaveLedger::new(),
-            tasks: HashMap::new(),
+            tasks: BTreeMap::new(),
             mode,
             done: Vec::new(),
         }
@@ -142,8 +144,8 @@ where
     /// Reaps every task whose non-blocking check says it is complete; returns
     /// how many.
     pub fn poll(&mut self) -> usize {
-        // Checked in place (no copy of the running set), closed afterwards
-        // in ascending id order, as a wait in the ledger's order would.
+        // Checked in place (no copy of the running set), in ascending id
+        // order, and closed afterwards in the same order.
         let mut done = mem::take(&mut self.done);
         for (&id, task) in &self.tasks {
             match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
@@ -157,7 +159,6 @@ where
                 }
             }
         }
-        done.sort_unstable_by_key(|&(id, _)| id);
         let reaped = done
             .iter()
             .filter(|(_, how)| *how == Closed::Reaped)
