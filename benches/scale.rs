@@ -7,6 +7,9 @@
 //! them); the per-size lookups are criterion benches in group `scale`.
 
 #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+mod workload;
+
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 mod bench {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::collections::HashMap as StdMap;
@@ -17,6 +20,8 @@ mod bench {
     use criterion::{BenchmarkId, Criterion, Throughput};
     use hashbrown::HashMap as FoldMap;
     use kvtier::{AsyncLookup, LookupTable, Request};
+
+    use super::workload::mix;
 
     /// Counts the bytes currently allocated by the whole process.
     pub struct Counting;
@@ -53,13 +58,6 @@ mod bench {
 
     fn live_bytes() -> isize {
         LIVE_BYTES.load(Ordering::Relaxed)
-    }
-
-    fn mix(mut x: u64) -> u64 {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^ (x >> 31)
     }
 
     const KEYS_PER_REQUEST: usize = 128;
