@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::TierError;
 use super::format::{self, HEADER_LEN};
-use super::key::{BlockKey, block_path, check_namespace};
+use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
 use crate::lookup::LookupBackend;
 use crate::save::{CompletionTask, StoreTask, TaskError};
@@ -139,7 +139,9 @@ impl FsTier {
 
     /// Where the block for `key` lives (whether or not it exists).
     pub fn path_of(&self, key: &(impl BlockKey + ?Sized)) -> PathBuf {
-        self.inner.dir.join(block_path(key))
+        let mut name = String::with_capacity(48);
+        push_block_path(key, &mut name);
+        self.inner.dir.join(name)
     }
 
     /// Whether the tier holds a block for `key`.
@@ -197,6 +199,30 @@ impl FsTier {
 }
 
 /// `stat` the final file: present and a regular file.
+/// Joins block names to the tier's directory in one reused buffer.
+struct PathWriter<'a> {
+    dir: &'a Path,
+    path: PathBuf,
+}
+
+impl<'a> PathWriter<'a> {
+    fn new(dir: &'a Path) -> Self {
+        Self {
+            dir,
+            path: dir.to_path_buf(),
+        }
+    }
+
+    /// `dir/name`.
+    fn below(&mut self, name: &str) -> &Path {
+        let path = self.path.as_mut_os_string();
+        path.clear();
+        path.push(self.dir.as_os_str());
+        self.path.push(name);
+        &self.path
+    }
+}
+
 fn exists(path: &Path) -> Result<bool, TierError> {
     match fs::metadata(path) {
         Ok(metadata) => Ok(metadata.is_file()),
@@ -273,7 +299,15 @@ impl<K: BlockKey, R> LookupBackend<K, R> for FsTier {
     type Error = TierError;
 
     fn batch_lookup(&mut self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
-        keys.iter().map(|key| self.contains(key)).collect()
+        let mut paths = PathWriter::new(&self.inner.dir);
+        let mut name = String::new();
+        keys.iter()
+            .map(|key| {
+                name.clear();
+                push_block_path(key, &mut name);
+                exists(paths.below(&name))
+            })
+            .collect()
     }
 }
 
@@ -289,17 +323,34 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
-        let paths: Vec<PathBuf> = keys.iter().map(|key| self.path_of(key)).collect();
-        tokio::task::spawn_blocking(move || paths.iter().map(|path| exists(path)).collect())
-            .await
-            .unwrap_or_else(|join| match join.try_into_panic() {
-                // The driver catches and counts it like any backend panic.
-                Ok(payload) => std::panic::resume_unwind(payload),
-                Err(join) => Err(TierError::io(
-                    "stat",
-                    Path::new("<group>"),
-                    io::Error::other(join),
-                )),
-            })
+        // The blocking task needs owned names: all of them in one string.
+        let mut names = String::new();
+        let mut ends = Vec::with_capacity(keys.len());
+        for key in keys {
+            push_block_path(key, &mut names);
+            ends.push(names.len());
+        }
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut paths = PathWriter::new(&inner.dir);
+            let mut start = 0;
+            ends.iter()
+                .map(|&end| {
+                    let name = &names[start..end];
+                    start = end;
+                    exists(paths.below(name))
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_else(|join| match join.try_into_panic() {
+            // The driver catches and counts it like any backend panic.
+            Ok(payload) => std::panic::resume_unwind(payload),
+            Err(join) => Err(TierError::io(
+                "stat",
+                Path::new("<group>"),
+                io::Error::other(join),
+            )),
+        })
     }
 }

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use futures_util::stream::{self, StreamExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
-use tokio::task::JoinSet;
 
 use super::TierError;
 use super::format::{self, HEADER_LEN};
-use super::key::{BlockKey, block_path, check_namespace};
+use super::key::{BlockKey, check_namespace, push_block_path};
 use crate::lookup::AsyncLookupBackend;
 use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
@@ -189,6 +189,8 @@ pub struct ObjectTierStats {
 pub struct ObjectTier {
     store: Arc<dyn ObjectStore>,
     namespace: String,
+    /// The namespace as a location (percent-encoded where it must be).
+    prefix: String,
     counters: Arc<Counters>,
 }
 
@@ -208,6 +210,7 @@ impl ObjectTier {
         Ok(Self {
             store,
             namespace: namespace.to_owned(),
+            prefix: ObjectPath::from(namespace).as_ref().to_owned(),
             counters: Default::default(),
         })
     }
@@ -240,7 +243,23 @@ impl ObjectTier {
 
     /// Where the block for `key` lives.
     pub fn location_of(&self, key: &(impl BlockKey + ?Sized)) -> ObjectPath {
-        ObjectPath::from(format!("{}/{}", self.namespace, block_path(key)))
+        let mut location = String::with_capacity(self.prefix.len() + 48);
+        location.push_str(&self.prefix);
+        location.push('/');
+        let name = location.len();
+        push_block_path(key, &mut location);
+        // A hex name needs no encoding and the prefix is encoded already,
+        // so checking the parts is enough (`ObjectPath::from` encodes part
+        // by part, which cost more than the `head` on an in-memory store).
+        // A key type whose name breaks the hex contract takes that path.
+        if location[name..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'.')
+            && let Ok(location) = ObjectPath::parse(&location)
+        {
+            return location;
+        }
+        ObjectPath::from(format!("{}/{}", self.namespace, &location[name..]))
     }
 
     /// Counters of lookups and their errors.
@@ -384,36 +403,26 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
+        // Up to HEADS_IN_FLIGHT heads at once, polled inside this group's
+        // future: concurrent on the network without a task per key (a
+        // spawned task per head cost more than the head itself in memory).
+        let store = &*self.store;
+        let mut heads = stream::iter(0..keys.len())
+            .map(|i| {
+                let location = self.location_of(&keys[i]);
+                async move { (i, head(store, &location).await) }
+            })
+            .buffer_unordered(HEADS_IN_FLIGHT);
         let mut answers = vec![false; keys.len()];
-        let mut heads = JoinSet::new();
         let mut first_error = None;
         let mut errors = 0u64;
-        let mut pending = keys.iter().enumerate();
-        loop {
-            while heads.len() < HEADS_IN_FLIGHT {
-                let Some((i, key)) = pending.next() else {
-                    break;
-                };
-                let store = self.store.clone();
-                let location = self.location_of(key);
-                heads.spawn(async move { (i, head(&*store, &location).await) });
-            }
-            let Some(joined) = heads.join_next().await else {
-                break;
-            };
-            match joined {
-                Ok((i, Ok(found))) => answers[i] = found,
-                Ok((_, Err(error))) => {
+        while let Some((i, answer)) = heads.next().await {
+            match answer {
+                Ok(found) => answers[i] = found,
+                Err(error) => {
                     errors += 1;
                     first_error.get_or_insert(error);
                 }
-                Err(join) => match join.try_into_panic() {
-                    Ok(payload) => std::panic::resume_unwind(payload),
-                    Err(join) => {
-                        errors += 1;
-                        first_error.get_or_insert(TierError::Config(join.to_string()));
-                    }
-                },
             }
         }
         self.counters
@@ -431,5 +440,54 @@ where
             );
         }
         Ok(answers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key type whose name is whatever it is given.
+    struct Named(&'static str);
+
+    impl BlockKey for Named {
+        fn hex(&self) -> String {
+            self.0.to_owned()
+        }
+    }
+
+    /// Locations as the first version spelled them: stored blocks must keep
+    /// their names.
+    fn formatted(namespace: &str, key: &impl BlockKey) -> ObjectPath {
+        let hex = key.hex();
+        let padded = format!("{hex:0>5}");
+        ObjectPath::from(format!(
+            "{namespace}/{}/{}/{hex}.bin",
+            padded.chars().take(3).collect::<String>(),
+            padded.chars().skip(3).take(2).collect::<String>(),
+        ))
+    }
+
+    #[test]
+    fn locations_are_the_formatted_locations() {
+        let namespaces = ["m/rank0", "a b/c%d/~x#y", ".x/..y/{z}", "ünï/çødé"];
+        for namespace in namespaces {
+            let tier = ObjectTier::memory(namespace).unwrap();
+            for key in [0u64, 0xabcdef, u64::MAX] {
+                assert_eq!(tier.location_of(&key), formatted(namespace, &key));
+            }
+            assert_eq!(
+                tier.location_of(&[1u8; 32]),
+                formatted(namespace, &[1u8; 32])
+            );
+            for odd in [".", "..", ".....", "", "a%b", "x/y", "äöüßé", "..b.."] {
+                let key = Named(odd);
+                assert_eq!(
+                    tier.location_of(&key),
+                    formatted(namespace, &key),
+                    "{odd:?}"
+                );
+            }
+        }
     }
 }
