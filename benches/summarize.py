@@ -7,7 +7,15 @@ throughput: one lookup, one key, one task...) with its median absolute
 deviation, and its ratio to every `baseline_*` bench of the same group --
 all measured in the same `cargo bench` run.
 
-    python3 benches/summarize.py [--criterion-dir target/criterion] [GROUP...]
+Given several criterion directories (one per repeated run, as
+`benches/repeat.sh` leaves them) it prints, per bench, the median over the
+runs of each run's median, the range of those medians (the run-to-run
+noise), and the ratios computed within each run, as median and range.
+
+    python3 benches/summarize.py [GROUP...]          # target/criterion
+    python3 benches/summarize.py target/bench-runs/*/criterion [GROUP...]
+
+An argument that is a directory is a run; any other is a group to show.
 """
 import argparse
 import json
@@ -52,15 +60,17 @@ def fmt(ns):
     return f"{ns:.1f} ns"
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--criterion-dir", default="target/criterion")
-    parser.add_argument("groups", nargs="*")
-    args = parser.parse_args()
-    if not os.path.isdir(args.criterion_dir):
-        sys.exit(f"no criterion results under {args.criterion_dir}: run cargo bench first")
-    for group, benches in load(args.criterion_dir).items():
-        if args.groups and group not in args.groups:
+def order(benches):
+    def key(bench):
+        function, value = bench
+        return (function, float(value) if value.replace(".", "").isdigit() else value)
+
+    return sorted(benches, key=key)
+
+
+def single(groups, wanted):
+    for group, benches in groups.items():
+        if wanted and group not in wanted:
             continue
         # Baselines are compared at the same parameter (table size...).
         baselines = sorted({f for f, _ in benches if f.startswith("baseline")})
@@ -68,8 +78,7 @@ def main():
         print(f"\n### {group}\n")
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
-        order = sorted(benches, key=lambda b: (b[0], float(b[1]) if b[1].replace(".", "").isdigit() else b[1]))
-        for function, value in order:
+        for function, value in order(benches):
             median, mad, per = benches[(function, value)]
             name = f"{function}/{value}" if value else function
             row = [name, fmt(median), f"{100 * mad / median:.1f} %", str(per)]
@@ -77,6 +86,63 @@ def main():
                 reference = benches.get((base, value))
                 row.append(f"{median / reference[0]:.2f}×" if reference else "")
             print("| " + " | ".join(row) + " |")
+
+
+def middle(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def repeated(runs, wanted):
+    names = sorted({group for run in runs for group in run})
+    for group in names:
+        if wanted and group not in wanted:
+            continue
+        per_run = [run.get(group, {}) for run in runs]
+        benches = set().union(*per_run)
+        baselines = sorted({f for f, _ in benches if f.startswith("baseline")})
+        header = ["bench", f"median of {len(runs)} runs", "range of run medians", "MAD in run"]
+        header += [f"÷ {b}" for b in baselines]
+        print(f"\n### {group}\n")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for bench in order(benches):
+            function, value = bench
+            medians = [run[bench][0] for run in per_run if bench in run]
+            mads = [run[bench][1] / run[bench][0] for run in per_run if bench in run]
+            name = f"{function}/{value}" if value else function
+            row = [
+                name,
+                fmt(middle(medians)),
+                f"{fmt(min(medians))} – {fmt(max(medians))}",
+                f"{100 * middle(mads):.1f} %",
+            ]
+            for base in baselines:
+                ratios = [
+                    run[bench][0] / run[(base, value)][0]
+                    for run in per_run
+                    if bench in run and (base, value) in run
+                ]
+                row.append(
+                    f"{middle(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else ""
+                )
+            print("| " + " | ".join(row) + " |")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("args", nargs="*", metavar="RUN_DIR|GROUP")
+    args = parser.parse_args()
+    runs = [a for a in args.args if os.path.isdir(a)]
+    groups = [a for a in args.args if not os.path.isdir(a)]
+    if len(runs) > 1:
+        repeated([load(d) for d in runs], groups)
+        return
+    root = runs[0] if runs else "target/criterion"
+    if not os.path.isdir(root):
+        sys.exit(f"no criterion results under {root}: run cargo bench first")
+    single(load(root), groups)
 
 
 if __name__ == "__main__":

@@ -424,6 +424,14 @@ MUTATIONS = [
         [("        let _ = fs::remove_file(&tmp);\n", "")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "refuses"],
     ),
+    Mutation(
+        "F4-only-hex-names-skip-encoding",
+        "an object location skips percent-encoding even for a name with characters that need it",
+        "src/tier/object.rs",
+        [("            .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'.')",
+          "            .all(|_| true)")],
+        TEST + ["-p", "kvtier", "--lib", "tier::object"],
+    ),
 ]
 
 
