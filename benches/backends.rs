@@ -29,7 +29,8 @@ mod bench {
     use std::thread;
     use std::time::Duration;
 
-    use criterion::{Criterion, Throughput};
+    use criterion::measurement::WallTime;
+    use criterion::{BenchmarkGroup, Criterion, Throughput};
     use kvtier::{
         AsyncLookup, AsyncLookupBackend, FsTier, LookupBackend, LookupError, ObjectTier,
         TokioConfig, TokioLookup, Verdict,
@@ -63,6 +64,20 @@ mod bench {
         (0..REQUESTS).flat_map(|r| (0..KEYS_PER_REQUEST).map(move |i| key_of(r, i)))
     }
 
+    fn stored_count() -> usize {
+        all_keys().filter(|&k| stored(k)).count()
+    }
+
+    /// A group of rounds of `KEYS` keys: fewer, longer samples than
+    /// criterion's default, as a round takes milliseconds.
+    fn group<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, WallTime> {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(KEYS));
+        group.sample_size(30);
+        group.measurement_time(Duration::from_secs(4));
+        group
+    }
+
     /// The scheduler-side calls a round makes, for both drivers.
     trait Driver {
         fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError>;
@@ -71,35 +86,27 @@ mod bench {
         fn cleanup(&mut self, request: &u64) -> Result<(), LookupError>;
     }
 
-    impl<B: LookupBackend<u64, u64> + Send + 'static> Driver for AsyncLookup<u64, u64, B> {
-        fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError> {
-            AsyncLookup::lookup(self, key, request)
-        }
-        fn flush(&mut self) -> Result<usize, LookupError> {
-            AsyncLookup::flush(self)
-        }
-        fn wait_idle(&mut self) -> Result<usize, LookupError> {
-            AsyncLookup::wait_idle(self)
-        }
-        fn cleanup(&mut self, request: &u64) -> Result<(), LookupError> {
-            AsyncLookup::cleanup(self, request)
-        }
+    /// Both drivers have the same scheduler-side methods, inherent ones.
+    macro_rules! driver {
+        ($driver:ident, $($bound:tt)+) => {
+            impl<B: $($bound)+> Driver for $driver<u64, u64, B> {
+                fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError> {
+                    $driver::lookup(self, key, request)
+                }
+                fn flush(&mut self) -> Result<usize, LookupError> {
+                    $driver::flush(self)
+                }
+                fn wait_idle(&mut self) -> Result<usize, LookupError> {
+                    $driver::wait_idle(self)
+                }
+                fn cleanup(&mut self, request: &u64) -> Result<(), LookupError> {
+                    $driver::cleanup(self, request)
+                }
+            }
+        };
     }
-
-    impl<B: AsyncLookupBackend<u64, u64>> Driver for TokioLookup<u64, u64, B> {
-        fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError> {
-            TokioLookup::lookup(self, key, request)
-        }
-        fn flush(&mut self) -> Result<usize, LookupError> {
-            TokioLookup::flush(self)
-        }
-        fn wait_idle(&mut self) -> Result<usize, LookupError> {
-            TokioLookup::wait_idle(self)
-        }
-        fn cleanup(&mut self, request: &u64) -> Result<(), LookupError> {
-            TokioLookup::cleanup(self, request)
-        }
-    }
+    driver!(AsyncLookup, LookupBackend<u64, u64> + Send + 'static);
+    driver!(TokioLookup, AsyncLookupBackend<u64, u64>);
 
     /// One round (see the module docs); panics if a verdict is wrong, so a
     /// driver that skipped the backend could not post a figure.
@@ -138,12 +145,9 @@ mod bench {
                 .filter(|path| std::fs::metadata(path).is_ok_and(|m| m.is_file()))
                 .count()
         };
-        assert_eq!(stat(&paths), all_keys().filter(|&k| stored(k)).count());
+        assert_eq!(stat(&paths), stored_count());
 
-        let mut group = c.benchmark_group("fs");
-        group.throughput(Throughput::Elements(KEYS));
-        group.sample_size(30);
-        group.measurement_time(Duration::from_secs(4));
+        let mut group = group(c, "fs");
         group.bench_function("baseline_metadata", |b| b.iter(|| black_box(stat(&paths))));
         group.bench_function("baseline_metadata_2_threads", |b| {
             b.iter(|| {
@@ -197,12 +201,9 @@ mod bench {
                 found
             })
         };
-        assert_eq!(head(&locations), all_keys().filter(|&k| stored(k)).count());
+        assert_eq!(head(&locations), stored_count());
 
-        let mut group = c.benchmark_group("object");
-        group.throughput(Throughput::Elements(KEYS));
-        group.sample_size(30);
-        group.measurement_time(Duration::from_secs(4));
+        let mut group = group(c, "object");
         group.bench_function("baseline_head", |b| b.iter(|| black_box(head(&locations))));
         group.bench_function("tier_location_of", |b| {
             b.iter(|| {
