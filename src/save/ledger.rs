@@ -1,10 +1,10 @@
 //! The sans-IO bookkeeping of one worker's saves.
 
 use std::collections::BTreeMap;
-
-use hashbrown::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
+
+use hashbrown::{HashMap, HashSet};
 
 use super::stats::SaveStats;
 use super::task::{TaskError, TaskId};

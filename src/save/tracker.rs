@@ -1,11 +1,10 @@
 //! The worker-side tracker: a [`SaveLedger`] plus the tasks it accounts for.
 
+use std::collections::BTreeMap;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::mem;
 use std::panic::{self, AssertUnwindSafe};
-
-use std::collections::BTreeMap;
 
 use super::ledger::{Closed, Ended, SaveLedger};
 use super::scheduler::SaveStep;

@@ -198,7 +198,6 @@ impl FsTier {
     }
 }
 
-/// `stat` the final file: present and a regular file.
 /// Joins block names to the tier's directory in one reused buffer.
 struct PathWriter<'a> {
     dir: &'a Path,
@@ -223,6 +222,7 @@ impl<'a> PathWriter<'a> {
     }
 }
 
+/// `stat` the final file: present and a regular file.
 fn exists(path: &Path) -> Result<bool, TierError> {
     match fs::metadata(path) {
         Ok(metadata) => Ok(metadata.is_file()),
