@@ -214,6 +214,14 @@ pub(crate) mod task {
     /// A spawned task, for aborting it.
     pub(crate) type Task = tokio::task::AbortHandle;
 
+    /// Bounds the requests a tier has in flight at once, over all groups.
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    pub(crate) type Semaphore = tokio::sync::Semaphore;
+
+    /// A request slot taken from a [`Semaphore`].
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    pub(crate) type SemaphorePermit<'a> = tokio::sync::SemaphorePermit<'a>;
+
     pub(crate) fn spawn<F>(spawner: &Spawner, future: F) -> Task
     where
         F: Future<Output = ()> + Send + 'static,

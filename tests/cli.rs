@@ -119,64 +119,230 @@ fn probe_measures_an_s3_bucket_on_a_loopback_server() {
     assert_eq!(report["timed_out_groups"], 0);
 }
 
+/// One command-line case: arguments, environment, expected exit code and a
+/// substring of what it prints on stderr.
+struct Case {
+    args: Vec<String>,
+    env: Vec<(&'static str, Option<String>)>,
+    code: i32,
+    message: &'static str,
+}
+
+fn case(args: &[&str], code: i32, message: &'static str) -> Case {
+    Case {
+        args: args.iter().map(|arg| arg.to_string()).collect(),
+        env: Vec::new(),
+        code,
+        message,
+    }
+}
+
+impl Case {
+    /// Sets (`Some`) or removes (`None`) an environment variable.
+    fn env(mut self, name: &'static str, value: Option<&str>) -> Case {
+        self.env.push((name, value.map(str::to_owned)));
+        self
+    }
+
+    fn run(&self) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        command
+            .args(&self.args)
+            .env_remove("AWS_ENDPOINT")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing");
+        for (name, value) in &self.env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let output = command.output().expect("run kvtier");
+        let stderr = text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(self.code),
+            "{:?} {:?}: {stderr}",
+            self.args,
+            self.env
+        );
+        assert!(
+            stderr.contains(self.message),
+            "{:?} {:?}: expected {:?} in {stderr}",
+            self.args,
+            self.env,
+            self.message
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "{:?}: a panic reached the user: {stderr}",
+            self.args
+        );
+    }
+}
+
+/// Every command-line input class the hostile-input pass tried, as
+/// (arguments, environment) -> (exit code, message): bad input is 2, storage
+/// unreachable 3, storage failing during the run 1 or 3; never a panic, never
+/// a silent success.
 #[test]
-fn bad_input_is_explained_with_distinct_exit_codes() {
+fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
+    use common::fake_s3::{FakeS3, Script};
+
     let moto = Moto::shared_or_start();
+    let bucket = unique_bucket("kvtier-cli");
+    moto.create_bucket(&bucket);
+    let s3 = |suffix: &str| format!("s3://{bucket}{suffix}");
+    let at = |endpoint: &str| format!("s3://{bucket}?endpoint={endpoint}");
     let missing_bucket = format!(
         "s3://{}?endpoint={}",
         unique_bucket("never-created"),
         moto.endpoint
     );
-    let cases: &[(&[&str], i32, &str)] = &[
-        (&["probe", "--fs", "/no/such/dir"], 2, "no such directory"),
-        (&["probe", "--s3", "not a url"], 2, "S3 URL"),
-        (&["probe", "--s3", "http://bucket/x"], 2, "scheme"),
-        (
+    let long_namespace = "n".repeat(300);
+    // A server that lists the bucket but refuses every HEAD.
+    let refusing = FakeS3::start(Script {
+        status: 403,
+        delay: std::time::Duration::ZERO,
+    });
+    let refusing_url = format!("s3://b-fake?endpoint={}", refusing.endpoint);
+    let port = moto.endpoint.rsplit(':').next().unwrap().to_owned();
+
+    let cases = vec![
+        case(&["probe", "--fs", "/no/such/dir"], 2, "no such directory"),
+        case(&["probe", "--s3", "not a url"], 2, "S3 URL"),
+        case(&["probe", "--s3", "http://bucket/x"], 2, "scheme"),
+        case(
             &["probe", "--fs", "/tmp", "--keys", "5", "--groups", "9"],
             2,
             "exceeds --keys",
         ),
-        (&["probe", "--fs", "/tmp", "--keys", "0"], 2, "--keys"),
-        (&["probe"], 2, "--fs"),
-        (
+        case(&["probe", "--fs", "/tmp", "--keys", "0"], 2, "--keys"),
+        case(&["probe"], 2, "--fs"),
+        case(
             &["probe", "--fs", "/tmp", "--s3", "s3://b"],
             2,
             "cannot be used with",
         ),
-        (
+        case(
             &["probe", "--fs", "/tmp", "--namespace", "../up"],
             2,
             "namespace",
         ),
-        (&["frobnicate"], 2, "unrecognized subcommand"),
+        case(
+            &["probe", "--fs", "/tmp", "--namespace", &long_namespace],
+            2,
+            "300 bytes long",
+        ),
+        case(&["frobnicate"], 2, "unrecognized subcommand"),
+        // An endpoint with a query or a fragment would turn every HEAD of a
+        // block into a HEAD of the bucket: refused, never probed.
+        case(
+            &["probe", "--s3", &at(&format!("{}?x=1", moto.endpoint))],
+            2,
+            "has a query",
+        ),
+        case(
+            &["probe", "--s3", &at(&format!("{}%23frag", moto.endpoint))],
+            2,
+            "has a fragment",
+        ),
+        case(
+            &["probe", "--s3", &at(&format!("{}/x%2520y", moto.endpoint))],
+            2,
+            "has a path",
+        ),
+        case(&["probe", "--s3", &at("::::")], 2, "not http"),
+        case(&["probe", "--s3", &at("http://")], 2, "not a URL"),
+        case(
+            &["probe", "--s3", &at(&format!("http:127.0.0.1:{port}"))],
+            2,
+            "not http",
+        ),
+        case(
+            &["probe", "--s3", &at("http://b%C3%BCcher.local")],
+            2,
+            "ASCII",
+        ),
+        // The same strings from the environment.
+        case(&["probe", "--s3", &s3("")], 2, "environment's endpoint")
+            .env("AWS_ENDPOINT", Some("")),
+        case(&["probe", "--s3", &s3("")], 2, "not http").env("AWS_ENDPOINT", Some("::::")),
+        case(&["probe", "--s3", &s3("")], 2, "not a URL").env("AWS_ENDPOINT", Some("http://")),
+        case(&["probe", "--s3", &s3("")], 2, "contains ' '").env("AWS_ENDPOINT", Some("not a url")),
+        case(&["probe", "--s3", &s3("")], 2, "contains '\\t'")
+            .env("AWS_ENDPOINT_URL", Some(&format!("{}\t", moto.endpoint))),
+        case(&["probe", "--s3", &s3("")], 2, "has a path").env(
+            "AWS_ENDPOINT_URL_S3",
+            Some(&format!("{}/x%20y", moto.endpoint)),
+        ),
+        case(&["probe", "--s3", &s3("")], 2, "not http")
+            .env("AWS_ENDPOINT", Some(&format!("http:127.0.0.1:{port}"))),
+        case(&["probe", "--s3", &s3("")], 2, "ASCII")
+            .env("AWS_ENDPOINT", Some("http://bücher.local")),
+        // Bucket names and namespaces are the user's input too.
+        case(
+            &[
+                "probe",
+                "--s3",
+                &format!("s3://adv_b!?endpoint={}", moto.endpoint),
+            ],
+            2,
+            "not a valid bucket name",
+        ),
+        case(&["probe", "--s3", &s3("/../x")], 2, "`..`"),
+        case(&["probe", "--s3", &s3("/a//x")], 2, "empty component"),
+        // No credentials anywhere: said so, without asking the cloud
+        // instance-metadata address.
+        case(
+            &["probe", "--s3", &at(&moto.endpoint)],
+            2,
+            "no credentials found (looked in",
+        )
+        .env("AWS_ACCESS_KEY_ID", None)
+        .env("AWS_SECRET_ACCESS_KEY", None),
         // A bucket that does not exist is not an empty tier.
-        (
+        case(
             &["probe", "--s3", &missing_bucket, "--timeout", "5000"],
             3,
             "cannot reach",
         ),
         // Nothing listens on port 9 of loopback: refused at once.
-        (
+        case(
             &[
                 "probe",
                 "--s3",
-                "s3://b?endpoint=http://127.0.0.1:9",
+                "s3://b-nine?endpoint=http://127.0.0.1:9",
                 "--timeout",
                 "3000",
             ],
             3,
             "cannot reach",
         ),
+        // Reachable, then every lookup fails: not a success with a warning.
+        case(
+            &[
+                "probe",
+                "--s3",
+                &refusing_url,
+                "--keys",
+                "20",
+                "--groups",
+                "4",
+            ],
+            3,
+            "20 of 20 lookups failed (20 with an error",
+        ),
     ];
-    for (args, code, message) in cases {
-        let output = kvtier(args);
-        let stderr = text(&output.stderr);
-        assert_eq!(output.status.code(), Some(*code), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(message),
-            "{args:?}: expected {message:?} in {stderr}"
-        );
+    for case in &cases {
+        case.run();
     }
+    assert!(
+        refusing.requests() >= 20,
+        "the failing case reached the server"
+    );
 }
 
 #[test]

@@ -113,7 +113,7 @@ fn s3_urls_are_parsed_and_bad_ones_explained() {
     );
     assert!(!options.allow_http && options.endpoint.is_none());
     let (options, _) =
-        S3Options::from_url("s3://b/ns?endpoint=https://minio.local:9000&region=eu-west-1")
+        S3Options::from_url("s3://bkt/ns?endpoint=https://minio.local:9000&region=eu-west-1")
             .unwrap();
     assert!(!options.allow_http);
     assert_eq!(options.region.as_deref(), Some("eu-west-1"));
@@ -121,9 +121,10 @@ fn s3_urls_are_parsed_and_bad_ones_explained() {
         ("not a url", "relative URL"),
         ("http://bucket/ns", "scheme"),
         ("s3:///ns", "no bucket"),
-        ("s3://b/ns?endpiont=http://x", "unknown parameter"),
-        ("s3://b/ns?endpoint=ftp://x", "not http"),
-        ("s3://b/a//b", "empty component"),
+        ("s3://bkt/ns?endpiont=http://x", "unknown parameter"),
+        ("s3://bkt/ns?endpoint=ftp://x", "not http"),
+        ("s3://bkt/a//b", "empty component"),
+        ("s3://b/ns", "not a valid bucket name"),
     ] {
         match S3Options::from_url(url) {
             Err(TierError::Config(message)) => {
@@ -295,4 +296,95 @@ fn a_save_on_a_runtime_that_shuts_down_is_abandoned_not_stranded() {
     assert!(!task.check());
     drop(runtime);
     assert!(matches!(task.wait(), Err(TaskError::Abandoned)));
+}
+
+/// Options for a server on loopback with explicit test credentials.
+fn loopback_options(endpoint: &str) -> S3Options {
+    S3Options {
+        endpoint: Some(endpoint.to_owned()),
+        allow_http: true,
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        ..S3Options::new("kvtier-fake")
+    }
+}
+
+#[test]
+fn endpoints_that_would_panic_or_address_the_bucket_are_refused_at_construction() {
+    let refused = [
+        "not a url",
+        "",
+        "::::",
+        "http://",
+        "http://127.0.0.1:9/x%20y",
+        "http://127.0.0.1:9?x=1",
+        "http://127.0.0.1:9#frag",
+        "http:127.0.0.1:9",
+        "http://127.0.0.1:9\t",
+        "http://bücher.local",
+        "http://user:secret@127.0.0.1:9",
+    ];
+    for endpoint in refused {
+        match ObjectTier::s3(&loopback_options(endpoint), "ns") {
+            Err(TierError::Config(message)) => {
+                assert!(message.contains("endpoint"), "{endpoint:?}: {message}")
+            }
+            other => panic!("{endpoint:?}: expected a configuration error, got {other:?}"),
+        }
+    }
+    let mut options = loopback_options("http://127.0.0.1:9");
+    options.bucket = "adv_b!".into();
+    assert!(matches!(
+        ObjectTier::s3(&options, "ns"),
+        Err(TierError::Config(message)) if message.contains("bucket name")
+    ));
+    let mut options = loopback_options("http://127.0.0.1:9");
+    options.request_timeout = Duration::MAX;
+    assert!(
+        ObjectTier::s3(&options, "ns").is_err(),
+        "a timeout that would overflow"
+    );
+    options.request_timeout = Duration::from_secs(1);
+    options.max_retries = u32::MAX as usize;
+    assert!(
+        ObjectTier::s3(&options, "ns").is_err(),
+        "a retry count that would wrap"
+    );
+    assert!(ObjectTier::s3(&loopback_options("http://127.0.0.1:9"), "ns").is_ok());
+}
+
+#[test]
+fn a_tier_bounds_its_requests_in_flight_over_all_groups() {
+    use common::fake_s3::{FakeS3, Script};
+    watchdog(|| {
+        let server = FakeS3::start(Script {
+            status: 404,
+            delay: Duration::from_millis(10),
+        });
+        let tier = ObjectTier::s3(&loopback_options(&server.endpoint), "ns")
+            .unwrap()
+            .with_max_in_flight(8)
+            .unwrap();
+        let config = TokioConfig::default()
+            .max_concurrent_groups(16)
+            .group_timeout(Some(Duration::from_secs(60)));
+        let mut lookup = TokioLookup::new(tier, config).unwrap();
+        let requests: Vec<String> = (0..16).map(|r| format!("r{r}")).collect();
+        for key in 0..512u64 {
+            lookup.lookup(&key, &requests[key as usize % 16]).unwrap();
+        }
+        assert_eq!(lookup.flush().unwrap(), 512);
+        lookup.wait_idle().unwrap();
+        for key in 0..512u64 {
+            let verdict = lookup.lookup(&key, &requests[key as usize % 16]).unwrap();
+            assert!(verdict.is_miss(), "{key}: {verdict:?}");
+        }
+        assert_eq!(server.requests(), 512);
+        let most = server.most_in_flight();
+        assert!(
+            (2..=8).contains(&most),
+            "{most} requests in flight at once; the tier allows 8"
+        );
+        lookup.shutdown().unwrap();
+    });
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvtier::{
-    AsyncLookupBackend, FsOptions, FsTier, ObjectTier, S3Options, TierError, TokioConfig,
-    TokioLookup,
+    AsyncLookupBackend, FsOptions, FsTier, GroupOutcome, ObjectTier, S3Options, TierError,
+    TokioConfig, TokioLookup,
 };
 
 use super::Failure;
@@ -173,6 +173,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     debug_assert_eq!(submitted as u64, args.keys);
     let flushed = Instant::now();
     let mut latencies = Vec::with_capacity(requests.len());
+    let (mut failed_keys, mut timed_out_keys) = (0u64, 0u64);
     while (latencies.len() as u64) < args.groups {
         lookup.drain().map_err(failed)?;
         let applied = lookup.take_applied();
@@ -182,6 +183,17 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
         }
         let now = flushed.elapsed();
         latencies.extend(applied.iter().map(|_| now));
+        for (seq, outcome) in &applied {
+            let keys = group_size(*seq, args.keys, args.groups);
+            match outcome {
+                GroupOutcome::TimedOut => timed_out_keys += keys,
+                GroupOutcome::BackendError | GroupOutcome::Cancelled => failed_keys += keys,
+                GroupOutcome::BackendPanic { answered } | GroupOutcome::Short { answered } => {
+                    failed_keys += keys - (*answered as u64).min(keys)
+                }
+                GroupOutcome::Answered | GroupOutcome::Surplus => {}
+            }
+        }
         progress.inc(applied.len() as u64);
     }
     let elapsed = started.elapsed();
@@ -199,9 +211,11 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     let stats = lookup.stats();
     lookup.shutdown().map_err(failed)?;
+    // Keys, not groups: an object store fails heads one by one inside
+    // groups that still count as answered.
     let errors = match &tier {
-        Tier::Fs(_) => stats.backend_errors,
-        Tier::S3(tier) => tier.stats().lookup_errors + stats.backend_errors,
+        Tier::Fs(_) => failed_keys,
+        Tier::S3(tier) => failed_keys + tier.stats().lookup_errors,
     };
     let p50 = quantile(&mut latencies, 0.50);
     let p99 = quantile(&mut latencies, 0.99);
@@ -218,6 +232,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             "hits": hits,
             "misses": misses,
             "timed_out_groups": stats.timeouts,
+            "timed_out_keys": timed_out_keys,
             "errors": errors,
             "elapsed_s": elapsed.as_secs_f64(),
             "keys_per_s": keys_per_s,
@@ -237,7 +252,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             args.timeout
         );
         say!(
-            "  verdicts      {hits} hits, {misses} misses ({} groups timed out, {errors} errors)",
+            "  verdicts      {hits} hits, {misses} misses ({} groups timed out, {errors} keys failed)",
             stats.timeouts
         );
         say!(
@@ -251,11 +266,31 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             elapsed.as_secs_f64()
         );
     }
-    if stats.timeouts > 0 || errors > 0 {
-        eprintln!(
-            "warning: {} groups timed out and {errors} lookups failed; their keys counted as misses",
-            stats.timeouts
-        );
+    outcome(args.keys, errors, stats.timeouts, timed_out_keys)
+}
+
+/// Keys of group `seq`: key `i` belongs to group `i mod groups`.
+fn group_size(seq: u64, keys: u64, groups: u64) -> u64 {
+    keys / groups + u64::from(seq < keys % groups)
+}
+
+/// The exit status of a finished run: storage that failed lookups is a
+/// failure during the run (1), and storage that failed every lookup is
+/// unreachable (3), even though the report was printed.
+fn outcome(keys: u64, failed: u64, timed_out_groups: u64, timed_out: u64) -> Result<(), Failure> {
+    let unanswered = failed + timed_out;
+    if unanswered == 0 {
+        return Ok(());
     }
-    Ok(())
+    let message = format!(
+        "{unanswered} of {keys} lookups failed ({failed} with an error, {timed_out} in \
+         {timed_out_groups} groups that timed out); they were counted as misses"
+    );
+    if unanswered >= keys {
+        Err(Failure::unreachable(format!(
+            "storage unreachable during the run: {message}"
+        )))
+    } else {
+        Err(Failure::run(message))
+    }
 }

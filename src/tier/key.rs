@@ -162,9 +162,12 @@ pub(crate) fn block_path(key: &(impl BlockKey + ?Sized)) -> String {
     path
 }
 
+/// The longest namespace component: what a file system takes as a name.
+const MAX_COMPONENT: usize = 255;
+
 /// Checks a namespace: non-empty `/`-separated components, none empty, `.`
-/// or `..`, none with a backslash or NUL, so a namespace can never climb out
-/// of the tier's root.
+/// or `..`, none with a backslash or NUL, none longer than a file name, so a
+/// namespace can never climb out of the tier's root and is always a path.
 pub(crate) fn check_namespace(namespace: &str) -> Result<(), String> {
     if namespace.is_empty() {
         return Err("the namespace is empty".into());
@@ -175,6 +178,13 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), String> {
             "." | ".." => {
                 return Err(format!(
                     "namespace {namespace:?} may not contain `.` or `..` components"
+                ));
+            }
+            _ if component.len() > MAX_COMPONENT => {
+                return Err(format!(
+                    "namespace component {:?}... is {} bytes long; at most {MAX_COMPONENT} fit a file name",
+                    component.chars().take(16).collect::<String>(),
+                    component.len()
                 ));
             }
             _ if component.contains(['\\', '\0']) => {
@@ -259,5 +269,8 @@ mod tests {
         for bad in ["", "a//b", "../x", "a/./b", "/abs", "a/", "a\\b", "a\0b"] {
             assert!(check_namespace(bad).is_err(), "{bad:?} accepted");
         }
+        assert!(check_namespace(&format!("a/{}", "n".repeat(255))).is_ok());
+        let long = format!("a/{}", "n".repeat(256));
+        assert!(check_namespace(&long).unwrap_err().contains("256 bytes"));
     }
 }

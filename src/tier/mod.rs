@@ -15,6 +15,8 @@ mod key;
 mod object;
 #[cfg(feature = "fs")]
 mod pool;
+#[cfg(feature = "object-store")]
+mod s3;
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +25,9 @@ pub use format::Corruption;
 pub use fs::{FsOptions, FsSaveTask, FsTier};
 pub use key::BlockKey;
 #[cfg(feature = "object-store")]
-pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats, S3Options};
+pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
+#[cfg(feature = "object-store")]
+pub use s3::S3Options;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,158 +1,20 @@
 //! A block tier on any `object_store` backend: S3 and S3-compatible servers,
 //! a local directory, or memory.
 
-use std::time::Duration;
-
 use futures_util::stream::{self, StreamExt};
-use object_store::aws::AmazonS3Builder;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::TierError;
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
+use super::s3::S3Options;
 use crate::lookup::AsyncLookupBackend;
 use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
-
-/// How to reach an S3 or S3-compatible bucket.
-///
-/// Credentials left `None` are read from the environment
-/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`),
-/// as are region and endpoint (`AWS_REGION`, `AWS_ENDPOINT`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct S3Options {
-    /// The bucket.
-    pub bucket: String,
-    /// An S3-compatible server's URL (`http://127.0.0.1:9000`); `None`: AWS.
-    pub endpoint: Option<String>,
-    /// The region (S3-compatible servers usually accept any).
-    pub region: Option<String>,
-    /// Access key id.
-    pub access_key_id: Option<String>,
-    /// Secret access key.
-    pub secret_access_key: Option<String>,
-    /// Allow plain `http://` endpoints (loopback test servers, private
-    /// networks). Default: allowed exactly when the endpoint is `http://`.
-    pub allow_http: bool,
-    /// Per-request timeout. Default 5 s.
-    pub request_timeout: Duration,
-    /// Connection timeout. Default 2 s.
-    pub connect_timeout: Duration,
-    /// Retries of a failed request (with backoff, within
-    /// `request_timeout` × (retries + 1)). Default 2.
-    pub max_retries: usize,
-}
-
-impl S3Options {
-    /// Options for `bucket` with the defaults.
-    pub fn new(bucket: impl Into<String>) -> Self {
-        Self {
-            bucket: bucket.into(),
-            endpoint: None,
-            region: None,
-            access_key_id: None,
-            secret_access_key: None,
-            allow_http: false,
-            request_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(2),
-            max_retries: 2,
-        }
-    }
-
-    /// Parses `s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]` into the
-    /// options and the namespace (default `kvtier`); `http://` endpoints
-    /// are allowed.
-    ///
-    /// ```
-    /// use kvtier::S3Options;
-    ///
-    /// let (options, namespace) =
-    ///     S3Options::from_url("s3://kv-cache/llama/rank0?endpoint=http://127.0.0.1:9000")?;
-    /// assert_eq!(options.bucket, "kv-cache");
-    /// assert_eq!(options.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
-    /// assert!(options.allow_http);
-    /// assert_eq!(namespace, "llama/rank0");
-    /// # Ok::<(), kvtier::TierError>(())
-    /// ```
-    pub fn from_url(url: &str) -> Result<(Self, String), TierError> {
-        let bad = |reason: String| TierError::Config(format!("S3 URL {url:?}: {reason}"));
-        let parsed = url::Url::parse(url).map_err(|error| bad(error.to_string()))?;
-        if parsed.scheme() != "s3" {
-            return Err(bad(format!(
-                "the scheme is {:?}; expected s3://BUCKET[/NAMESPACE][?endpoint=URL]",
-                parsed.scheme()
-            )));
-        }
-        let bucket = parsed
-            .host_str()
-            .filter(|bucket| !bucket.is_empty())
-            .ok_or_else(|| bad("no bucket".into()))?;
-        let mut options = Self::new(bucket);
-        for (name, value) in parsed.query_pairs() {
-            match &*name {
-                "endpoint" => {
-                    let endpoint = url::Url::parse(&value)
-                        .map_err(|error| bad(format!("endpoint {value:?}: {error}")))?;
-                    if !matches!(endpoint.scheme(), "http" | "https") {
-                        return Err(bad(format!("endpoint {value:?} is not http(s)")));
-                    }
-                    options.allow_http = endpoint.scheme() == "http";
-                    options.endpoint = Some(value.into_owned());
-                }
-                "region" => options.region = Some(value.into_owned()),
-                other => return Err(bad(format!("unknown parameter {other:?}"))),
-            }
-        }
-        let namespace = parsed.path().trim_matches('/');
-        let namespace = if namespace.is_empty() {
-            "kvtier".to_owned()
-        } else {
-            namespace.to_owned()
-        };
-        check_namespace(&namespace).map_err(bad)?;
-        Ok((options, namespace))
-    }
-
-    fn build(&self) -> Result<object_store::aws::AmazonS3, TierError> {
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&self.bucket)
-            .with_allow_http(self.allow_http)
-            .with_client_options(
-                ClientOptions::new()
-                    .with_timeout(self.request_timeout)
-                    .with_connect_timeout(self.connect_timeout)
-                    .with_allow_http(self.allow_http),
-            )
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig::default(),
-                max_retries: self.max_retries,
-                retry_timeout: self.request_timeout * (self.max_retries as u32 + 1),
-            });
-        if let Some(endpoint) = &self.endpoint {
-            // Path-style requests: what S3-compatible servers expect.
-            builder = builder
-                .with_endpoint(endpoint)
-                .with_virtual_hosted_style_request(false);
-        }
-        if let Some(region) = &self.region {
-            builder = builder.with_region(region);
-        } else if self.endpoint.is_some() {
-            builder = builder.with_region("us-east-1");
-        }
-        if let Some(key) = &self.access_key_id {
-            builder = builder.with_access_key_id(key);
-        }
-        if let Some(secret) = &self.secret_access_key {
-            builder = builder.with_secret_access_key(secret);
-        }
-        builder
-            .build()
-            .map_err(|error| TierError::Config(error.to_string()))
-    }
-}
+use crate::sync::task::{Semaphore, SemaphorePermit};
 
 /// Counters of an [`ObjectTier`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -192,6 +54,11 @@ pub struct ObjectTier {
     /// The namespace as a location (percent-encoded where it must be).
     prefix: String,
     counters: Arc<Counters>,
+    /// One permit per request in flight, shared by every group, save and
+    /// load of this tier (and its clones): many groups probed at once must
+    /// not multiply into more requests than the store can take.
+    requests: Arc<Semaphore>,
+    max_in_flight: usize,
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +70,12 @@ struct Counters {
 /// How many `head` requests one group keeps in flight.
 const HEADS_IN_FLIGHT: usize = 32;
 
+/// Requests a tier keeps in flight at once by default, over all groups.
+pub(crate) const DEFAULT_IN_FLIGHT: usize = 64;
+
+/// The largest bound on requests in flight [`ObjectTier::with_max_in_flight`] takes.
+const MAX_IN_FLIGHT: usize = 1 << 16;
+
 impl ObjectTier {
     /// A tier on `store`, below `namespace`.
     pub fn new(store: Arc<dyn ObjectStore>, namespace: &str) -> Result<Self, TierError> {
@@ -212,7 +85,38 @@ impl ObjectTier {
             namespace: namespace.to_owned(),
             prefix: ObjectPath::from(namespace).as_ref().to_owned(),
             counters: Default::default(),
+            requests: Arc::new(Semaphore::new(DEFAULT_IN_FLIGHT)),
+            max_in_flight: DEFAULT_IN_FLIGHT,
         })
+    }
+
+    /// Bounds the requests this tier (with all its clones) has in flight at
+    /// once, over every lookup group, save and load: 1 to 65536. Default 64.
+    /// A driver probing many groups at once then queues their requests here
+    /// instead of sending them all to the store.
+    ///
+    /// ```
+    /// use kvtier::ObjectTier;
+    ///
+    /// let tier = ObjectTier::memory("ns")?.with_max_in_flight(8)?;
+    /// assert_eq!(tier.max_in_flight(), 8);
+    /// assert!(ObjectTier::memory("ns")?.with_max_in_flight(0).is_err());
+    /// # Ok::<(), kvtier::TierError>(())
+    /// ```
+    pub fn with_max_in_flight(mut self, requests: usize) -> Result<Self, TierError> {
+        if !(1..=MAX_IN_FLIGHT).contains(&requests) {
+            return Err(TierError::Config(format!(
+                "max_in_flight is {requests}; it must be 1 to {MAX_IN_FLIGHT}"
+            )));
+        }
+        self.requests = Arc::new(Semaphore::new(requests));
+        self.max_in_flight = requests;
+        Ok(self)
+    }
+
+    /// The bound on requests in flight.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     /// A tier in memory (tests, demos).
@@ -231,7 +135,10 @@ impl ObjectTier {
         Self::new(Arc::new(store), namespace)
     }
 
-    /// A tier in an S3 or S3-compatible bucket.
+    /// A tier in an S3 or S3-compatible bucket. The options, and the
+    /// environment's endpoint and credentials, are checked here (see
+    /// [`S3Options::validate`]): a bad endpoint or no credentials is an
+    /// error now, not a panic or a timeout on the first request.
     pub fn s3(options: &S3Options, namespace: &str) -> Result<Self, TierError> {
         Self::new(Arc::new(options.build()?), namespace)
     }
@@ -275,6 +182,7 @@ impl ObjectTier {
     /// from a missing block.
     pub async fn check_reachable(&self) -> Result<(), TierError> {
         let prefix = ObjectPath::from(self.namespace.as_str());
+        let _permit = self.permit().await;
         self.store
             .list_with_delimiter(Some(&prefix))
             .await
@@ -284,13 +192,22 @@ impl ObjectTier {
 
     /// Whether the tier holds a block for `key` (one `head`).
     pub async fn contains(&self, key: &(impl BlockKey + ?Sized)) -> Result<bool, TierError> {
+        let _permit = self.permit().await;
         head(&*self.store, &self.location_of(key)).await
+    }
+
+    /// Waits for a request slot; held until the request is done.
+    async fn permit(&self) -> Option<SemaphorePermit<'_>> {
+        // The semaphore is never closed, so `acquire` only fails if that
+        // changes; a request then goes ahead unbounded rather than failing.
+        self.requests.acquire().await.ok()
     }
 
     /// The block for `key`: `None` if there is none; an error if it cannot
     /// be fetched or is not a whole, intact kvtier block.
     pub async fn load(&self, key: &(impl BlockKey + ?Sized)) -> Result<Option<Vec<u8>>, TierError> {
         let location = self.location_of(key);
+        let _permit = self.permit().await;
         let fetched = match self.store.get(&location).await {
             Ok(result) => result.bytes().await,
             Err(error) => Err(error),
@@ -315,6 +232,7 @@ impl ObjectTier {
         key: &(impl BlockKey + ?Sized),
         payload: Vec<u8>,
     ) -> Result<(), TierError> {
+        let _permit = self.permit().await;
         put(&*self.store, &self.location_of(key), &payload).await
     }
 
@@ -331,8 +249,10 @@ impl ObjectTier {
         let location = self.location_of(key);
         let (task, completer) = CompletionTask::new(());
         let store = self.store.clone();
+        let requests = self.requests.clone();
         let job_location = location.clone();
         runtime.spawn(async move {
+            let _permit = requests.acquire().await.ok();
             match put(&*store, &job_location, &payload).await {
                 Ok(()) => completer.succeed(),
                 Err(error) => completer.fail(TaskError::Failed(Box::new(error))),
@@ -410,7 +330,10 @@ where
         let mut heads = stream::iter(0..keys.len())
             .map(|i| {
                 let location = self.location_of(&keys[i]);
-                async move { (i, head(store, &location).await) }
+                async move {
+                    let _permit = self.permit().await;
+                    (i, head(store, &location).await)
+                }
             })
             .buffer_unordered(HEADS_IN_FLIGHT);
         let mut answers = vec![false; keys.len()];

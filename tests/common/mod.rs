@@ -81,4 +81,5 @@ pub fn next_call(started: &Receiver<Call>) -> Call {
 pub fn req(id: &str) -> String {
     id.to_owned()
 }
+pub mod fake_s3;
 pub mod moto;

@@ -1,0 +1,533 @@
+//! How to reach an S3 or S3-compatible bucket, checked where it enters: the
+//! options, the `s3://` URL and the environment.
+//!
+//! `object_store` accepts endpoint strings that its request path later
+//! panics on, and sends a query or fragment of an endpoint in front of the
+//! object's path (so a `HEAD` of a block becomes a `HEAD` of the bucket,
+//! which answers 200). Everything is therefore checked here, before a store
+//! is built, and refused with a [`TierError::Config`] that says why.
+
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+
+use super::TierError;
+use super::key::check_namespace;
+
+/// The longest request or connection timeout accepted: a day. Longer ones
+/// overflow the deadlines of the HTTP client.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The most retries accepted for one request.
+const MAX_RETRIES: usize = 100;
+
+/// How to reach an S3 or S3-compatible bucket.
+///
+/// Credentials left `None` are read from the environment
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, or a
+/// web-identity or container credential source), as are region and
+/// endpoint (`AWS_REGION`, `AWS_ENDPOINT`, `AWS_ENDPOINT_URL_S3`). When none
+/// is found, building the tier fails with "no credentials found" instead of
+/// asking the cloud instance-metadata address, unless
+/// [`allow_instance_metadata`](Self::allow_instance_metadata) is set.
+///
+/// Every field is checked when a tier is built (see [`validate`](Self::validate)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Options {
+    /// The bucket: 3 to 63 lowercase letters, digits, `.` and `-`,
+    /// beginning and ending with a letter or digit.
+    pub bucket: String,
+    /// An S3-compatible server's URL (`http://127.0.0.1:9000`): `http` or
+    /// `https`, a host, an optional port, nothing else. `None`: AWS (or the
+    /// environment's endpoint).
+    pub endpoint: Option<String>,
+    /// The region (S3-compatible servers usually accept any).
+    pub region: Option<String>,
+    /// Access key id.
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    pub secret_access_key: Option<String>,
+    /// Allow plain `http://` endpoints (loopback test servers, private
+    /// networks). [`from_url`](Self::from_url) sets it exactly when the
+    /// endpoint is `http://`.
+    pub allow_http: bool,
+    /// Ask the cloud instance-metadata service for credentials when no other
+    /// source has them (on a cloud VM with an instance role). Default
+    /// `false`: off a cloud VM that request goes to an address outside this
+    /// machine and fails only after its timeout.
+    pub allow_instance_metadata: bool,
+    /// Per-request timeout, above zero and at most a day. Default 5 s.
+    pub request_timeout: Duration,
+    /// Connection timeout, above zero and at most a day. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Retries of a failed request (with backoff, within
+    /// `request_timeout` × (retries + 1)), at most 100. Default 2.
+    pub max_retries: usize,
+}
+
+impl S3Options {
+    /// Options for `bucket` with the defaults.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        Self {
+            bucket: bucket.into(),
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            allow_http: false,
+            allow_instance_metadata: false,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            max_retries: 2,
+        }
+    }
+
+    /// Parses `s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]` into the
+    /// options and the namespace (default `kvtier`); `http://` endpoints
+    /// are allowed.
+    ///
+    /// The namespace is percent-decoded once, segment by segment, so
+    /// `s3://kv/my%20ns` names the namespace `my ns`, the same prefix as
+    /// `ObjectTier::s3(&options, "my ns")`. Empty segments, `.` and `..`
+    /// are refused, not resolved.
+    ///
+    /// ```
+    /// use kvtier::S3Options;
+    ///
+    /// let (options, namespace) =
+    ///     S3Options::from_url("s3://kv-cache/llama/rank0?endpoint=http://127.0.0.1:9000")?;
+    /// assert_eq!(options.bucket, "kv-cache");
+    /// assert_eq!(options.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+    /// assert!(options.allow_http);
+    /// assert_eq!(namespace, "llama/rank0");
+    ///
+    /// // An endpoint with a query would address the bucket, not the block.
+    /// assert!(S3Options::from_url("s3://kv-cache?endpoint=http://127.0.0.1:9000?x=1").is_err());
+    /// # Ok::<(), kvtier::TierError>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<(Self, String), TierError> {
+        let bad = |reason: String| TierError::Config(format!("S3 URL {url:?}: {reason}"));
+        let parsed = url::Url::parse(url).map_err(|error| bad(error.to_string()))?;
+        if parsed.scheme() != "s3" {
+            return Err(bad(format!(
+                "the scheme is {:?}; expected s3://BUCKET[/NAMESPACE][?endpoint=URL]",
+                parsed.scheme()
+            )));
+        }
+        if parsed.fragment().is_some() {
+            return Err(bad(
+                "a fragment (`#...`) is not part of an S3 URL; write `#` in a namespace as %23"
+                    .into(),
+            ));
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() || parsed.port().is_some() {
+            return Err(bad(
+                "the part after s3:// is the bucket alone (no user, password or port)".into(),
+            ));
+        }
+        let bucket = parsed
+            .host_str()
+            .filter(|bucket| !bucket.is_empty())
+            .ok_or_else(|| bad("no bucket".into()))?;
+        let mut options = Self::new(bucket);
+        let mut seen = Vec::new();
+        for (name, value) in parsed.query_pairs() {
+            if seen.contains(&name) {
+                return Err(bad(format!("parameter {name:?} is given twice")));
+            }
+            match &*name {
+                "endpoint" => {
+                    check_endpoint(&value)
+                        .map_err(|reason| bad(format!("endpoint {value:?} {reason}")))?;
+                    options.allow_http = value.starts_with("http://");
+                    options.endpoint = Some(value.clone().into_owned());
+                }
+                "region" => options.region = Some(value.clone().into_owned()),
+                other => return Err(bad(format!("unknown parameter {other:?}"))),
+            }
+            seen.push(name);
+        }
+        let namespace = namespace_of(url).map_err(bad)?;
+        check_namespace(&namespace).map_err(bad)?;
+        options.check_fields().map_err(bad)?;
+        Ok((options, namespace))
+    }
+
+    /// Checks every field without building anything: the bucket name, the
+    /// endpoint (see [`from_url`](Self::from_url)), the region, the
+    /// timeouts and the retry count. Building a tier calls it, and checks
+    /// the environment's endpoint and credentials too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvtier::S3Options;
+    ///
+    /// let mut options = S3Options::new("kv-cache");
+    /// options.endpoint = Some("http://127.0.0.1:9000/#frag".into());
+    /// assert!(options.validate().is_err());
+    /// options.endpoint = Some("http://127.0.0.1:9000".into());
+    /// options.request_timeout = Duration::MAX;
+    /// assert!(options.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), TierError> {
+        self.check_fields()
+            .map_err(|reason| TierError::Config(format!("S3 options: {reason}")))
+    }
+
+    fn check_fields(&self) -> Result<(), String> {
+        check_bucket(&self.bucket)?;
+        if let Some(endpoint) = &self.endpoint {
+            check_endpoint(endpoint).map_err(|reason| format!("endpoint {endpoint:?} {reason}"))?;
+        }
+        if let Some(region) = &self.region {
+            check_region(region)?;
+        }
+        for (name, timeout) in [
+            ("request_timeout", self.request_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if timeout.is_zero() || timeout > MAX_TIMEOUT {
+                return Err(format!(
+                    "{name} is {timeout:?}; it must be above zero and at most {MAX_TIMEOUT:?}"
+                ));
+            }
+        }
+        if self.max_retries > MAX_RETRIES {
+            return Err(format!(
+                "max_retries is {}; at most {MAX_RETRIES} are allowed",
+                self.max_retries
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn build(&self) -> Result<object_store::aws::AmazonS3, TierError> {
+        self.validate()?;
+        let retries = self.max_retries as u32; // at most MAX_RETRIES
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(&self.bucket)
+            .with_allow_http(self.allow_http)
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(self.request_timeout)
+                    .with_connect_timeout(self.connect_timeout)
+                    .with_allow_http(self.allow_http),
+            )
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig::default(),
+                max_retries: self.max_retries,
+                retry_timeout: self.request_timeout.saturating_mul(retries + 1),
+            });
+        if let Some(endpoint) = &self.endpoint {
+            // Path-style requests: what S3-compatible servers expect. The
+            // S3-specific key is set too, since the environment's
+            // AWS_ENDPOINT_URL_S3 would otherwise take precedence.
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_config(AmazonS3ConfigKey::S3Endpoint, endpoint)
+                .with_virtual_hosted_style_request(false);
+        }
+        for key in [AmazonS3ConfigKey::S3Endpoint, AmazonS3ConfigKey::Endpoint] {
+            if let Some(endpoint) = builder.get_config_value(&key) {
+                check_endpoint(&endpoint).map_err(|reason| {
+                    TierError::Config(format!(
+                        "the environment's endpoint ({}) {endpoint:?} {reason}",
+                        key.as_ref().to_ascii_uppercase()
+                    ))
+                })?;
+            }
+        }
+        if let Some(region) = &self.region {
+            builder = builder.with_region(region);
+        } else if self.endpoint.is_some() {
+            builder = builder.with_region("us-east-1");
+        }
+        if let Some(region) = builder.get_config_value(&AmazonS3ConfigKey::Region) {
+            check_region(&region).map_err(TierError::Config)?;
+        }
+        if let Some(key) = &self.access_key_id {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = &self.secret_access_key {
+            builder = builder.with_secret_access_key(secret);
+        }
+        if !self.allow_instance_metadata && !has_credential_source(&builder) {
+            return Err(TierError::Config(format!(
+                "no credentials found (looked in S3Options, AWS_ACCESS_KEY_ID / \
+                 AWS_SECRET_ACCESS_KEY, AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, \
+                 AWS_CONTAINER_CREDENTIALS_RELATIVE_URI / _FULL_URI, AWS_SKIP_SIGNATURE) \
+                 for bucket {:?}; set them, or allow the instance-metadata service",
+                self.bucket
+            )));
+        }
+        builder
+            .build()
+            .map_err(|error| TierError::Config(error.to_string()))
+    }
+}
+
+/// Whether the builder has credentials from a source other than the
+/// instance-metadata service, which `object_store` falls back to last.
+fn has_credential_source(builder: &AmazonS3Builder) -> bool {
+    let set = |key: AmazonS3ConfigKey| builder.get_config_value(&key).is_some();
+    let skip_signature = builder
+        .get_config_value(&AmazonS3ConfigKey::SkipSignature)
+        .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "1"));
+    set(AmazonS3ConfigKey::AccessKeyId)
+        || set(AmazonS3ConfigKey::SecretAccessKey)
+        || (set(AmazonS3ConfigKey::WebIdentityTokenFile) && set(AmazonS3ConfigKey::RoleArn))
+        || set(AmazonS3ConfigKey::ContainerCredentialsRelativeUri)
+        || (set(AmazonS3ConfigKey::ContainerCredentialsFullUri)
+            && set(AmazonS3ConfigKey::ContainerAuthorizationTokenFile))
+        || skip_signature
+}
+
+/// Checks an endpoint: `http://` or `https://`, a host, an optional port,
+/// at most a `/` after it; no user info, path, query or fragment; plain
+/// ASCII with no white space; and written the way the URL parser reads it,
+/// so the string the HTTP client is given is the one checked here. The
+/// error completes "endpoint X ...".
+pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    const EXAMPLE: &str = "such as http://127.0.0.1:9000";
+    if endpoint.is_empty() {
+        return Err(format!("is empty; give a URL {EXAMPLE}"));
+    }
+    if let Some(odd) = endpoint
+        .chars()
+        .find(|c| !c.is_ascii() || c.is_ascii_whitespace() || c.is_ascii_control())
+    {
+        return Err(format!(
+            "contains {odd:?}; an endpoint is a plain ASCII URL {EXAMPLE}"
+        ));
+    }
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(format!("is not http(s); give a URL {EXAMPLE}"));
+    }
+    let parsed = url::Url::parse(endpoint).map_err(|error| format!("is not a URL: {error}"))?;
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("has no host".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("carries a user name or password; give credentials in the options".into());
+    }
+    if parsed.query().is_some() {
+        return Err(
+            "has a query (`?...`), which would be sent in place of the object's path".into(),
+        );
+    }
+    if parsed.fragment().is_some() {
+        return Err("has a fragment (`#...`)".into());
+    }
+    if parsed.path() != "/" {
+        return Err(format!(
+            "has a path ({:?}); requests go to ENDPOINT/BUCKET/OBJECT",
+            parsed.path()
+        ));
+    }
+    if parsed.as_str().trim_end_matches('/') != endpoint.trim_end_matches('/') {
+        return Err(format!(
+            "is read as {:?}; write it that way",
+            parsed.as_str()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a bucket name by S3's rules: 3 to 63 characters of lowercase
+/// letters, digits, `.` and `-`, beginning and ending with a letter or a
+/// digit, no `..`.
+fn check_bucket(bucket: &str) -> Result<(), String> {
+    let allowed = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let bytes = bucket.as_bytes();
+    if !(3..=63).contains(&bytes.len())
+        || !bytes.iter().all(|&b| allowed(b))
+        || !edge(bytes.first())
+        || !edge(bytes.last())
+        || bucket.contains("..")
+    {
+        return Err(format!(
+            "bucket {bucket:?} is not a valid bucket name (3 to 63 lowercase letters, digits, \
+             `.` and `-`, beginning and ending with a letter or digit)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a region: 1 to 64 ASCII letters, digits, `-` and `_` (it becomes
+/// part of a host name and of every request's signature).
+fn check_region(region: &str) -> Result<(), String> {
+    if region.is_empty()
+        || region.len() > 64
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(format!(
+            "region {region:?} is not a region name (letters, digits, `-` and `_`)"
+        ));
+    }
+    Ok(())
+}
+
+/// The namespace of an `s3://` URL as written (the URL parser would resolve
+/// `..` and keep `%XX` escapes): the path after the bucket, each segment
+/// percent-decoded once; one trailing `/` is allowed; `kvtier` when there
+/// is no path.
+fn namespace_of(url: &str) -> Result<String, String> {
+    let after_scheme = url.split_once("://").map_or("", |(_, rest)| rest);
+    let authority_and_path = after_scheme.split(['?', '#']).next().unwrap_or("");
+    let path = authority_and_path
+        .find('/')
+        .map_or("", |slash| &authority_and_path[slash + 1..]);
+    let path = path.strip_suffix('/').unwrap_or(path);
+    if path.is_empty() {
+        return Ok("kvtier".to_owned());
+    }
+    let mut namespace = String::with_capacity(path.len());
+    for (i, segment) in path.split('/').enumerate() {
+        let decoded = percent_encoding::percent_decode_str(segment)
+            .decode_utf8()
+            .map_err(|_| format!("namespace segment {segment:?} is not UTF-8 once decoded"))?;
+        if decoded.contains('/') {
+            return Err(format!(
+                "namespace segment {segment:?} decodes to a `/`; separate segments with `/`"
+            ));
+        }
+        if i > 0 {
+            namespace.push('/');
+        }
+        namespace.push_str(&decoded);
+    }
+    Ok(namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_plain_http_urls_of_a_host() {
+        for good in [
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+            "https://minio.local:9000",
+            "http://[::1]:9000",
+            "http://localhost",
+        ] {
+            assert_eq!(check_endpoint(good), Ok(()), "{good}");
+        }
+        let refused = [
+            ("", "is empty"),
+            ("::::", "not http"),
+            ("http://", "not a URL"),
+            ("not a url", "contains ' '"),
+            ("http://127.0.0.1:9000?x=1", "query"),
+            ("http://127.0.0.1:9000/?", "query"),
+            ("http://127.0.0.1:9000#frag", "fragment"),
+            ("http://127.0.0.1:9000/%23frag", "path"),
+            ("http://127.0.0.1:9000/x%20y", "path"),
+            ("http://user:pw@127.0.0.1:9000", "user name"),
+            ("http://127.0.0.1:9000\t", "contains '\\t'"),
+            ("http://\tlocalhost", "contains '\\t'"),
+            ("http://bücher.example", "plain ASCII"),
+            ("http:127.0.0.1:9000", "not http"),
+            ("http://LOCALHOST:9000", "is read as"),
+            ("http://localhost:80", "is read as"),
+            ("HTTP://localhost", "not http"),
+            ("ftp://localhost", "not http"),
+            ("file:///tmp", "not http"),
+        ];
+        for (bad, reason) in refused {
+            match check_endpoint(bad) {
+                Err(message) => assert!(message.contains(reason), "{bad:?}: {message}"),
+                Ok(()) => panic!("{bad:?} accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn bucket_names_follow_the_s3_rules() {
+        for good in ["abc", "kv-cache", "kv.cache.0", &"a".repeat(63)] {
+            assert_eq!(check_bucket(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "ab",
+            "adv_b!",
+            "Upper",
+            "-lead",
+            "trail-",
+            "a..b",
+            &"a".repeat(64),
+            "",
+        ] {
+            assert!(check_bucket(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn namespaces_are_decoded_once_and_never_resolved() {
+        let cases = [
+            ("s3://bkt", Ok("kvtier")),
+            ("s3://bkt/", Ok("kvtier")),
+            ("s3://bkt/my%20ns", Ok("my ns")),
+            ("s3://bkt/my%2520ns", Ok("my%20ns")),
+            ("s3://bkt/a/b/", Ok("a/b")),
+            ("s3://bkt/a?endpoint=http://h/x", Ok("a")),
+            ("s3://bkt?endpoint=http://h/x", Ok("kvtier")),
+            ("s3://bkt/a%2Fb", Err("decodes to a `/`")),
+            ("s3://bkt/%ff", Err("not UTF-8")),
+        ];
+        for (url, expected) in cases {
+            match (namespace_of(url), expected) {
+                (Ok(namespace), Ok(expected)) => assert_eq!(namespace, expected, "{url}"),
+                (Err(message), Err(reason)) => {
+                    assert!(message.contains(reason), "{url}: {message}")
+                }
+                (got, _) => panic!("{url}: {got:?}"),
+            }
+        }
+        for (url, reason) in [
+            ("s3://bkt/../x", "`..`"),
+            ("s3://bkt/a/./x", "`.`"),
+            ("s3://bkt/%2e%2e/x", "`..`"),
+            ("s3://bkt/a//x", "empty component"),
+        ] {
+            match S3Options::from_url(url) {
+                Err(TierError::Config(message)) => {
+                    assert!(message.contains(reason), "{url}: {message}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused_not_overflowed() {
+        let mut options = S3Options::new("bucket");
+        assert!(options.validate().is_ok());
+        for timeout in [
+            Duration::MAX,
+            Duration::ZERO,
+            MAX_TIMEOUT + Duration::from_secs(1),
+        ] {
+            options.request_timeout = timeout;
+            assert!(options.validate().is_err(), "{timeout:?}");
+            options.request_timeout = Duration::from_secs(5);
+            options.connect_timeout = timeout;
+            assert!(options.validate().is_err(), "{timeout:?}");
+            options.connect_timeout = Duration::from_secs(2);
+        }
+        options.request_timeout = MAX_TIMEOUT;
+        options.max_retries = MAX_RETRIES;
+        assert!(options.validate().is_ok());
+        for retries in [MAX_RETRIES + 1, u32::MAX as usize, usize::MAX] {
+            options.max_retries = retries;
+            assert!(options.validate().is_err(), "{retries}");
+        }
+        options.max_retries = 2;
+        options.region = Some("eu-west-1/../x".into());
+        assert!(options.validate().is_err());
+    }
+}
