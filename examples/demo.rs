@@ -164,6 +164,16 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
 }
 
 /// Starts a save on an I/O thread that takes `ms` and then succeeds or fails.
+/// The requests a report frees; a refused report is a bug in this demo.
+fn accepted(
+    report: kvtier::Report<&'static str>,
+) -> Result<Vec<&'static str>, Box<dyn std::error::Error>> {
+    match report.refused.first() {
+        Some(why) => Err(why.to_string().into()),
+        None => Ok(report.free),
+    }
+}
+
 fn save(ms: u64, fails: bool) -> CompletionTask {
     let (task, completer) = CompletionTask::new(());
     std::thread::spawn(move || {
@@ -237,7 +247,7 @@ fn save_part() -> Result<(), Box<dyn std::error::Error>> {
             events.push(format!("{request} finished (delay free: {delay})"));
         }
         for (rank, worker) in workers.iter_mut().enumerate() {
-            for request in frees.report(rank, worker.get_finished(&finished))? {
+            for request in accepted(frees.report(rank, worker.get_finished(&finished))?)? {
                 events.push(format!(
                     "{request} blocks freed ({} ms after it finished)",
                     finished_at[request].elapsed().as_millis()
@@ -255,7 +265,7 @@ fn save_part() -> Result<(), Box<dyn std::error::Error>> {
     for (rank, worker) in workers.iter_mut().enumerate() {
         let mut reported = worker.get_finished(&["req-b"]);
         reported.extend(worker.wait_all());
-        frees.report(rank, reported)?;
+        accepted(frees.report(rank, reported)?)?;
     }
     println!("\ncounters per worker:");
     for (rank, worker) in workers.iter().enumerate() {

@@ -61,9 +61,9 @@ pub use lookup::{
 ))]
 pub use lookup::{AsyncLookupBackend, TokioConfig, TokioLookup};
 pub use save::{
-    Completer, CompletionMode, CompletionTask, MultiConnector, ReportAggregator, ReportError,
-    SaveScheduler, SaveStats, SaveStep, SaveTracker, SchedulerConnector, SchedulerSaveStats,
-    StoreTask, TaskError, TaskId, WorkerConnector,
+    Completer, CompletionMode, CompletionTask, MultiConnector, Report, ReportAggregator,
+    ReportError, SaveScheduler, SaveStats, SaveStep, SaveTracker, SchedulerConnector,
+    SchedulerSaveStats, StoreTask, TaskError, TaskId, WorkerConnector,
 };
 
 #[cfg(all(

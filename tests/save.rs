@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kvtier::{
-    CompletionMode, CompletionTask, MultiConnector, ReportAggregator, ReportError, SaveScheduler,
-    SaveTracker, SchedulerConnector, StoreTask, TaskError, WorkerConnector,
+    CompletionMode, CompletionTask, MultiConnector, Report, ReportAggregator, ReportError,
+    SaveScheduler, SaveTracker, SchedulerConnector, StoreTask, TaskError, WorkerConnector,
 };
 
 /// How a scripted task ends when waited for.
@@ -522,24 +522,26 @@ fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per
     }
     assert_eq!(frees.waiting(), 2);
     assert!(!frees.is_waiting(&3), "3 never finished");
+    let free = |report: Result<Report<u64>, ReportError<u64>>| {
+        let report = report.unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        report.free
+    };
     assert_eq!(
-        frees.report(1, idle.get_finished(&[1, 2])).unwrap(),
+        free(frees.report(1, idle.get_finished(&[1, 2]))),
         Vec::<u64>::new()
     );
     assert_eq!(
-        frees.report(0, saving.get_finished(&[1, 2])).unwrap(),
+        free(frees.report(0, saving.get_finished(&[1, 2]))),
         Vec::<u64>::new()
     );
     assert!(frees.is_waiting(&1), "worker 0 still saves 1's blocks");
     store.complete(id);
     assert_eq!(
-        frees.report(1, idle.get_finished(&[])).unwrap(),
+        free(frees.report(1, idle.get_finished(&[]))),
         Vec::<u64>::new()
     );
-    assert_eq!(
-        frees.report(0, saving.get_finished(&[])).unwrap(),
-        vec![1, 2]
-    );
+    assert_eq!(free(frees.report(0, saving.get_finished(&[]))), [1, 2]);
     assert_eq!(frees.waiting(), 0);
 }
 
@@ -555,29 +557,118 @@ fn the_aggregator_rejects_duplicate_unexpected_and_out_of_range_reports() {
             workers: 2
         })
     );
-    assert_eq!(frees.report(0, [1]), Ok(vec![]));
+    assert!(frees.is_waiting(&1), "a refused batch takes nothing");
+    let report = frees.report(0, [1]).unwrap();
+    assert!(report.is_clean() && report.free.is_empty(), "{report:?}");
     assert_eq!(
-        frees.report(0, [1]),
-        Err(ReportError::Duplicate {
+        frees.report(0, [1]).unwrap().refused,
+        [ReportError::Duplicate {
             worker: 0,
             request: 1
-        })
+        }]
     );
     assert_eq!(
-        frees.report(1, [3]),
-        Err(ReportError::Unexpected {
+        frees.report(1, [3]).unwrap().refused,
+        [ReportError::Unexpected {
             worker: 1,
             request: 3
-        })
+        }]
     );
-    assert_eq!(frees.report(1, [1]), Ok(vec![1]));
+    assert_eq!(frees.report(1, [1]).unwrap().free, [1]);
     assert_eq!(
-        frees.report(1, [1]),
-        Err(ReportError::Unexpected {
+        frees.report(1, [1]).unwrap().refused,
+        [ReportError::Unexpected {
             worker: 1,
             request: 1
-        })
+        }]
     );
+}
+
+/// A refused report in a batch must not swallow the accepted ones beside
+/// it: their requests are freed in the same call.
+#[test]
+fn a_refused_report_never_swallows_an_accepted_free() {
+    // One worker: 10 is complete on its report, 999 nobody waits for.
+    let mut frees = ReportAggregator::new(1);
+    frees.expect(10u64);
+    let report = frees.report(0, [10, 999]).unwrap();
+    assert_eq!(report.free, [10], "10's blocks are freed");
+    assert_eq!(
+        report.refused,
+        [ReportError::Unexpected {
+            worker: 0,
+            request: 999
+        }]
+    );
+    assert_eq!(frees.waiting(), 0);
+
+    // Two workers: worker 1 reports 11 twice after worker 0 reported it.
+    let mut frees = ReportAggregator::new(2);
+    frees.expect(11u64);
+    frees.expect(12u64);
+    assert!(frees.report(0, [11]).unwrap().free.is_empty());
+    let report = frees.report(1, [11, 11, 12]).unwrap();
+    assert_eq!(report.free, [11]);
+    // The second 11 comes after 11 was freed: nobody waits for it any more.
+    assert_eq!(
+        report.refused,
+        [ReportError::Unexpected {
+            worker: 1,
+            request: 11
+        }]
+    );
+    assert!(frees.is_waiting(&12), "worker 0 still owes 12");
+    assert_eq!(frees.report(0, [12]).unwrap().free, [12]);
+}
+
+/// One inner connector reporting a request twice must not stand in for
+/// another inner connector's report: the request stays delayed until the
+/// connector that still saves it reports.
+#[test]
+fn a_multi_connector_counts_reports_per_connector() {
+    let mut local = SaveScheduler::new();
+    let mut remote = SaveScheduler::new();
+    local.record_step([(1u64, 1)]);
+    remote.record_step([(1u64, 1)]);
+    let mut both = MultiConnector::new(vec![local, remote]);
+    assert!(both.request_finished(&1));
+    let report = both.finished_sending([(0, 1), (0, 1)]);
+    assert!(
+        report.free.is_empty(),
+        "remote (1) has not reported: {report:?}"
+    );
+    assert_eq!(
+        report.refused,
+        [ReportError::Duplicate {
+            worker: 0,
+            request: 1
+        }]
+    );
+    assert_eq!(
+        both.finished_sending([(2, 1)]).refused,
+        [ReportError::NoSuchWorker {
+            worker: 2,
+            workers: 2
+        }]
+    );
+    assert_eq!(both.outstanding(), 1);
+    assert_eq!(both.finished_sending([(1, 1)]).free, [1]);
+    assert_eq!(both.unexpected_reports(), 2);
+
+    // A connector that did not delay the request cannot report it.
+    let mut only_local = SaveScheduler::new();
+    only_local.record_step([(2u64, 1)]);
+    let mut both = MultiConnector::new(vec![only_local, SaveScheduler::new()]);
+    assert!(both.request_finished(&2));
+    let report = both.finished_sending([(1, 2)]);
+    assert_eq!(
+        report.refused,
+        [ReportError::Unexpected {
+            worker: 1,
+            request: 2
+        }]
+    );
+    assert_eq!(both.finished_sending([(0, 2)]).free, [2]);
 }
 
 /// A connector pair as a serving engine would hold it: the scheduler half
@@ -639,23 +730,23 @@ fn a_multi_connector_forwards_to_every_inner_connector_and_frees_after_all_repor
             "every inner connector forgot them"
         );
     }
-    let reports = multi.get_finished(&[1, 2, 3]);
+    let reports = multi.get_finished_each(&[1, 2, 3]);
     assert!(reports.is_empty());
 
     store.complete(io[1]); // connector 1's save of 1 is done; connector 0's is not
-    let reports = multi.get_finished(&[]);
-    assert_eq!(reports, vec![1]);
+    let reports = multi.get_finished_each(&[]);
+    assert_eq!(reports, vec![(1, 1)]);
     assert!(
-        multi.finished_sending(reports).is_empty(),
+        multi.finished_sending(reports).free.is_empty(),
         "connector 0 still saves 1"
     );
 
     assert_eq!(multi.outstanding(), 2, "1 still waits for connector 0");
     store.complete(io[0]);
-    let reports = multi.get_finished(&[]);
-    assert_eq!(multi.finished_sending(reports), vec![1, 2]);
+    let reports = multi.get_finished_each(&[]);
+    assert_eq!(multi.finished_sending(reports).free, vec![1, 2]);
     assert_eq!(multi.outstanding(), 0);
-    assert!(multi.finished_sending([1]).is_empty());
+    assert!(multi.finished_sending([(0, 1)]).free.is_empty());
     assert_eq!(multi.unexpected_reports(), 1);
 }
 
@@ -764,15 +855,15 @@ fn multi_connectors_compose_the_crates_own_halves_and_boxed_connectors() {
         !schedulers.request_finished(&1),
         "each inner connector forgot 1"
     );
-    assert_eq!(workers.get_finished(&[1, 2]), Vec::<u64>::new());
+    assert!(workers.get_finished_each(&[1, 2]).is_empty());
 
     store.complete_all();
-    let reports = workers.get_finished(&[]);
+    let reports = workers.get_finished_each(&[]);
     assert_eq!(
         reports,
-        vec![1, 2, 1],
+        vec![(0, 1), (0, 2), (1, 1)],
         "local reports 1 and 2, remote reports 1"
     );
-    assert_eq!(schedulers.finished_sending(reports), vec![2, 1]);
+    assert_eq!(schedulers.finished_sending(reports).free, vec![2, 1]);
     assert_eq!(schedulers.outstanding(), 0);
 }

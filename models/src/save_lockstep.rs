@@ -307,10 +307,14 @@ impl SaveLockstep {
                 ));
             }
         }
-        let freed = self
+        let report = self
             .frees
             .report(w, reported)
             .map_err(|why| format!("aggregator: {why}"))?;
+        if let Some(why) = report.refused.first() {
+            return Err(format!("aggregator: {why}"));
+        }
+        let freed = report.free;
         // S1 across workers: a request is freed once every worker reported
         // it, and then no task of any worker reads its blocks.
         for w in 0..self.workers.len() {

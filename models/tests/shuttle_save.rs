@@ -212,10 +212,12 @@ fn save_workload(mode: CompletionMode) {
         }
         for (rank, worker) in workers.iter_mut().enumerate() {
             let reported = worker.get_finished(&finished);
-            for request in frees
-                .report(rank, reported)
-                .expect("S2/S3: every report expected, once")
-            {
+            let report = frees.report(rank, reported).expect("a real worker");
+            assert!(
+                report.is_clean(),
+                "S2/S3: every report expected, once: {report:?}"
+            );
+            for request in report.free {
                 world.release(request, "S1 free");
             }
         }
@@ -233,10 +235,12 @@ fn save_workload(mode: CompletionMode) {
     while frees.waiting() > 0 {
         for (rank, worker) in workers.iter_mut().enumerate() {
             let reported = worker.get_finished(if first { &live } else { &[] });
-            for request in frees
-                .report(rank, reported)
-                .expect("S2/S3: every report expected, once")
-            {
+            let report = frees.report(rank, reported).expect("a real worker");
+            assert!(
+                report.is_clean(),
+                "S2/S3: every report expected, once: {report:?}"
+            );
+            for request in report.free {
                 world.release(request, "S1 free");
             }
         }

@@ -92,11 +92,14 @@ impl<R, C: WorkerConnector<R> + ?Sized> WorkerConnector<R> for Box<C> {
 /// Scheduler side: `request_finished` is forwarded to **every** inner
 /// connector (no short-circuit: each must forget the request), and the free
 /// is delayed when any of them delays it. The request is then expected back
-/// once per delaying connector, and [`finished_sending`](Self::finished_sending)
-/// frees it when the last of those reports arrived.
+/// once from each delaying connector, and
+/// [`finished_sending`](Self::finished_sending) frees it when each of those
+/// has reported it. Reports carry the index of the connector that made them,
+/// so one connector reporting a request twice can never stand in for
+/// another's report.
 ///
-/// Worker side: `get_finished` asks every inner connector and returns all
-/// their reports (one per reporting connector), for `finished_sending`.
+/// Worker side: [`get_finished_each`](Self::get_finished_each) asks every
+/// inner connector and returns their reports tagged with its index.
 ///
 /// ```
 /// use kvtier::{MultiConnector, SaveScheduler, SchedulerConnector};
@@ -107,21 +110,36 @@ impl<R, C: WorkerConnector<R> + ?Sized> WorkerConnector<R> for Box<C> {
 /// remote.record_step([(1u64, 2), (2, 1)]);
 ///
 /// let mut both = MultiConnector::new(vec![local, remote]);
-/// assert!(both.request_finished(&1)); // both delay: two reports expected
-/// assert!(both.request_finished(&2)); // only `remote` delays
-/// assert_eq!(both.finished_sending([1]), Vec::<u64>::new());
-/// assert_eq!(both.finished_sending([2, 1]), vec![2, 1]);
+/// assert!(both.request_finished(&1)); // both delay: a report from each expected
+/// assert!(both.request_finished(&2)); // only `remote` (index 1) delays
+/// assert!(both.finished_sending([(0, 1)]).free.is_empty());
+/// let report = both.finished_sending([(1, 2), (0, 1)]);
+/// assert_eq!(report.free, vec![2]);
+/// assert_eq!(report.refused.len(), 1); // connector 0 reported 1 twice
+/// assert_eq!(both.finished_sending([(1, 1)]).free, vec![1]);
 /// ```
 #[derive(Debug)]
 pub struct MultiConnector<C, R> {
     inner: Vec<C>,
-    /// Reports still expected per delayed request.
-    outstanding: HashMap<R, usize>,
+    /// Per delayed request, what each inner connector owes.
+    outstanding: HashMap<R, Vec<Owed>>,
     unexpected_reports: u64,
 }
 
+/// What one inner connector owes for a delayed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owed {
+    /// It did not delay the request: a report from it is unexpected.
+    Nothing,
+    /// It delayed the request and has not reported it yet.
+    Report,
+    /// It reported the request: another report from it is a duplicate.
+    Reported,
+}
+
 impl<C, R: Eq + Hash + Clone + Debug> MultiConnector<C, R> {
-    /// Combines `inner`, in the order their reports are collected.
+    /// Combines `inner`; a connector's index in this list is how its
+    /// reports are told apart.
     pub fn new(inner: Vec<C>) -> Self {
         Self {
             inner,
@@ -140,30 +158,55 @@ impl<C, R: Eq + Hash + Clone + Debug> MultiConnector<C, R> {
         &mut self.inner
     }
 
-    /// Scheduler side: takes the reports of the workers' `get_finished` and
-    /// returns the requests whose blocks may be freed now — those every
-    /// delaying inner connector has reported — in report order. A report
-    /// nobody expects is dropped, counted and logged: freeing on it could
-    /// release blocks of a request that never delayed, or twice.
-    pub fn finished_sending(&mut self, reported: impl IntoIterator<Item = R>) -> Vec<R> {
-        let mut free = Vec::new();
-        for request in reported {
-            match self.outstanding.get_mut(&request) {
-                Some(left) if *left > 1 => *left -= 1,
-                Some(_) => {
-                    self.outstanding.remove(&request);
-                    free.push(request);
-                }
-                None => {
-                    self.unexpected_reports += 1;
-                    tracing::warn!(
-                        ?request,
-                        "a finished-sending report nobody expected; ignored"
-                    );
-                }
+    /// Scheduler side: takes `(connector index, request)` reports (from the
+    /// workers' [`get_finished_each`](Self::get_finished_each)) and returns
+    /// the requests whose blocks may be freed now — those every delaying
+    /// inner connector has reported — in report order, with the reports it
+    /// refused: from a connector that did not delay the request, a second
+    /// report from one connector, a report nobody expects (freeing on any of
+    /// them could release blocks a save still reads, or twice). Refusals are
+    /// counted and logged; they never undo an accepted report.
+    pub fn finished_sending(
+        &mut self,
+        reported: impl IntoIterator<Item = (usize, R)>,
+    ) -> Report<R> {
+        let mut report = Report::default();
+        for (connector, request) in reported {
+            let refusal = match self.outstanding.get_mut(&request) {
+                _ if connector >= self.inner.len() => Some(ReportError::NoSuchWorker {
+                    worker: connector,
+                    workers: self.inner.len(),
+                }),
+                None => Some(ReportError::Unexpected {
+                    worker: connector,
+                    request,
+                }),
+                Some(owed) => match owed[connector] {
+                    Owed::Nothing => Some(ReportError::Unexpected {
+                        worker: connector,
+                        request,
+                    }),
+                    Owed::Reported => Some(ReportError::Duplicate {
+                        worker: connector,
+                        request,
+                    }),
+                    Owed::Report => {
+                        owed[connector] = Owed::Reported;
+                        if !owed.contains(&Owed::Report) {
+                            self.outstanding.remove(&request);
+                            report.free.push(request);
+                        }
+                        None
+                    }
+                },
+            };
+            if let Some(refusal) = refusal {
+                self.unexpected_reports += 1;
+                tracing::warn!(%refusal, "a finished-sending report refused");
+                report.refused.push(refusal);
             }
         }
-        free
+        report
     }
 
     /// Requests whose free is delayed and not yet complete.
@@ -171,9 +214,32 @@ impl<C, R: Eq + Hash + Clone + Debug> MultiConnector<C, R> {
         self.outstanding.len()
     }
 
-    /// Reports `finished_sending` ignored because nobody expected them.
+    /// Reports `finished_sending` refused.
     pub fn unexpected_reports(&self) -> u64 {
         self.unexpected_reports
+    }
+}
+
+impl<C, R> MultiConnector<C, R>
+where
+    C: WorkerConnector<R>,
+    R: Eq + Hash + Clone + Debug,
+{
+    /// Worker side: asks every inner connector for its finished requests
+    /// (each gets the same `finished` list) and returns their reports as
+    /// `(connector index, request)`, connector by connector, for
+    /// [`finished_sending`](Self::finished_sending).
+    pub fn get_finished_each(&mut self, finished: &[R]) -> Vec<(usize, R)> {
+        let mut reports = Vec::new();
+        for (index, connector) in self.inner.iter_mut().enumerate() {
+            reports.extend(
+                connector
+                    .get_finished(finished)
+                    .into_iter()
+                    .map(|request| (index, request)),
+            );
+        }
+        reports
     }
 }
 
@@ -183,33 +249,68 @@ where
     R: Eq + Hash + Clone + Debug,
 {
     fn request_finished(&mut self, request: &R) -> bool {
-        let delaying = self
+        let owed: Vec<Owed> = self
             .inner
             .iter_mut()
-            .map(|connector| connector.request_finished(request))
-            .filter(|delay| *delay)
-            .count();
-        if delaying > 0 {
-            *self.outstanding.entry(request.clone()).or_default() += delaying;
+            .map(|connector| match connector.request_finished(request) {
+                true => Owed::Report,
+                false => Owed::Nothing,
+            })
+            .collect();
+        if !owed.contains(&Owed::Report) {
+            return false;
         }
-        delaying > 0
+        match self.outstanding.entry(request.clone()) {
+            hashbrown::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(owed);
+            }
+            // Finished again before every report arrived (a caller bug): a
+            // connector that delays again owes one more report, which the
+            // merged entry cannot count, so it is owed once; none is dropped.
+            hashbrown::hash_map::Entry::Occupied(mut occupied) => {
+                for (old, new) in occupied.get_mut().iter_mut().zip(owed) {
+                    if new == Owed::Report {
+                        *old = Owed::Report;
+                    }
+                }
+            }
+        }
+        true
     }
 }
 
-impl<C, R> WorkerConnector<R> for MultiConnector<C, R>
-where
-    C: WorkerConnector<R>,
-    R: Eq + Hash + Clone + Debug,
-{
-    fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
-        self.inner
-            .iter_mut()
-            .flat_map(|connector| connector.get_finished(finished))
-            .collect()
+/// What a batch of finished-sending reports did: the requests whose blocks
+/// may be freed now, and every report that was refused. A refusal never
+/// undoes the reports accepted beside it, so no free is lost to a bad
+/// report in the same batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "the requests in `free` must have their blocks freed"]
+pub struct Report<R: Debug> {
+    /// Requests every expected report has now arrived for: free their blocks.
+    pub free: Vec<R>,
+    /// Reports refused, with why, in report order.
+    pub refused: Vec<ReportError<R>>,
+}
+
+impl<R: Debug> Default for Report<R> {
+    fn default() -> Self {
+        Self {
+            free: Vec::new(),
+            refused: Vec::new(),
+        }
     }
 }
 
-/// Why [`ReportAggregator::report`] refused a report.
+impl<R: Debug> Report<R> {
+    /// Whether every report was accepted.
+    pub fn is_clean(&self) -> bool {
+        self.refused.is_empty()
+    }
+}
+
+/// Why [`ReportAggregator::report`] or [`MultiConnector::finished_sending`]
+/// refused a report. For a `MultiConnector`, `worker` is the index of the
+/// inner connector that reported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReportError<R: Debug> {
     /// The worker index is not below the aggregator's worker count.
@@ -250,9 +351,12 @@ pub enum ReportError<R: Debug> {
 ///
 /// let mut frees = ReportAggregator::new(2);
 /// frees.expect(7u64); // request_finished(7) answered true
-/// assert_eq!(frees.report(0, [7])?, Vec::<u64>::new());
-/// assert!(frees.report(0, [7]).is_err()); // worker 0 again: rejected
-/// assert_eq!(frees.report(1, [7])?, vec![7]); // both workers: free
+/// frees.expect(8u64);
+/// assert!(frees.report(0, [7, 8])?.free.is_empty());
+/// let report = frees.report(1, [7, 999, 7])?;
+/// assert_eq!(report.free, vec![7]); // both workers reported 7: free it
+/// assert_eq!(report.refused.len(), 2); // 999 nobody waits for; 7 twice
+/// assert_eq!(frees.report(1, [8])?.free, vec![8]);
 /// # Ok::<(), kvtier::ReportError<u64>>(())
 /// ```
 #[derive(Debug)]
@@ -281,35 +385,44 @@ impl<R: Eq + Hash + Clone + Debug> ReportAggregator<R> {
         true
     }
 
-    /// Takes one worker's reports; returns the requests every worker has now
-    /// reported (free them), in report order. Stops at the first refused
-    /// report and returns its error; reports before it were taken.
+    /// Takes one worker's reports: returns the requests every worker has
+    /// now reported (free them), in report order, with the reports refused
+    /// (a request nobody waits for, a second report from this worker). Every
+    /// report is looked at; a refused one never swallows the others, so no
+    /// free is lost. An error only for a worker that does not exist, and
+    /// then nothing was taken.
     pub fn report(
         &mut self,
         worker: usize,
         reported: impl IntoIterator<Item = R>,
-    ) -> Result<Vec<R>, ReportError<R>> {
+    ) -> Result<Report<R>, ReportError<R>> {
         if worker >= self.workers {
             return Err(ReportError::NoSuchWorker {
                 worker,
                 workers: self.workers,
             });
         }
-        let mut free = Vec::new();
+        let mut report = Report::default();
         for request in reported {
             let Some(seen) = self.waiting.get_mut(&request) else {
-                return Err(ReportError::Unexpected { worker, request });
+                report
+                    .refused
+                    .push(ReportError::Unexpected { worker, request });
+                continue;
             };
             if seen[worker] {
-                return Err(ReportError::Duplicate { worker, request });
+                report
+                    .refused
+                    .push(ReportError::Duplicate { worker, request });
+                continue;
             }
             seen[worker] = true;
             if seen.iter().all(|reported| *reported) {
                 self.waiting.remove(&request);
-                free.push(request);
+                report.free.push(request);
             }
         }
-        Ok(free)
+        Ok(report)
     }
 
     /// Requests still waiting for some worker's report.

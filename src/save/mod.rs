@@ -17,7 +17,7 @@ mod tracker;
 
 pub use completion::{Completer, CompletionTask};
 pub use compose::{
-    MultiConnector, ReportAggregator, ReportError, SchedulerConnector, WorkerConnector,
+    MultiConnector, Report, ReportAggregator, ReportError, SchedulerConnector, WorkerConnector,
 };
 pub use scheduler::{SaveScheduler, SaveStep, SchedulerSaveStats};
 pub use stats::SaveStats;
