@@ -331,6 +331,20 @@ MUTATIONS = [
         TEST + ["--test", "save", "s6_the_scheduler"],
     ),
     Mutation(
+        "L10-apply-checks-the-table",
+        "apply takes a result of another table's group as this table's answer",
+        "src/lookup/table.rs",
+        [("        if result.table != self.id {\n            // L10", "        if false {\n            // L10")],
+        TEST + ["--test", "table", "tickets_and_results_are_tied"],
+    ),
+    Mutation(
+        "L10-mark-miss-checks-the-table",
+        "mark_miss takes another table's ticket of the same generation",
+        "src/lookup/table.rs",
+        [("        if ticket.table != self.id {", "        if false {")],
+        TEST + ["--test", "table", "tickets_and_results_are_tied"],
+    ),
+    Mutation(
         "S6-multi-forwards-to-all",
         "MultiConnector stops forwarding request_finished at the first connector that delays",
         "src/save/compose.rs",

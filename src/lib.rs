@@ -53,7 +53,7 @@ mod tier;
 
 pub use lookup::{
     AsyncLookup, Generation, Group, GroupOutcome, GroupResult, KeyState, LookupBackend,
-    LookupError, LookupTable, Phase, Request, Stats, Submission, Ticket, Verdict,
+    LookupError, LookupTable, Phase, Request, Stats, Submission, TableId, Ticket, Verdict,
 };
 #[cfg(any(
     all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
@@ -75,6 +75,19 @@ pub use tier::{BlockKey, Corruption, TierError};
 pub use tier::{FsOptions, FsSaveTask, FsTier};
 #[cfg(all(feature = "object-store", not(any(kvtier_loom, kvtier_shuttle))))]
 pub use tier::{ObjectSaveTask, ObjectTier, ObjectTierStats, S3Options};
+
+/// kvtier's checked block format, as the tiers store it: a 16-byte header
+/// (`KVT1` magic, payload length as u64 little-endian, CRC-32 of the
+/// payload as u32 little-endian), then the payload. For reading and writing
+/// blocks outside the tiers (another store, a tool, a fuzzer).
+#[cfg(all(
+    any(feature = "fs", feature = "object-store"),
+    not(any(kvtier_loom, kvtier_shuttle))
+))]
+pub mod block {
+    pub use crate::tier::Corruption;
+    pub use crate::tier::format::{HEADER_LEN, decode, encode, payload_length};
+}
 
 /// Compiles and runs the README's example as a doctest.
 #[cfg(doctest)]

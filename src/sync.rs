@@ -197,6 +197,19 @@ pub(crate) mod cell {
 
 pub(crate) use imp::*;
 
+/// A number no other call in this process returns: the identity of a
+/// lookup table, which its tickets and group results carry.
+///
+/// A plain `std` atomic in every build, model checkers included, and on
+/// purpose: it hands out identities, it does not order anything between
+/// threads (a table and everything it hands out are used by its owner), so
+/// there is no interleaving for loom or shuttle to explore, and a checker's
+/// atomics cannot live in a `static`.
+pub(crate) fn unique_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Async tasks, for the [`TokioLookup`](crate::TokioLookup) driver: a
 /// `Spawner` to start tasks on, a `Task` handle to abort them, and a
 /// `timeout` combinator. On tokio by default (feature `tokio`); on

@@ -399,3 +399,39 @@ fn a_lost_worker_is_reported_instead_of_hanging_the_scheduler() {
         kvtier::Phase::InFlight
     );
 }
+
+/// A payload a backend panics with whose own `Drop` panics too.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("the panic payload's drop panics");
+    }
+}
+
+/// A backend may panic with any value, including one whose `Drop` panics:
+/// the worker survives it, the group's keys become misses, later groups are
+/// probed, and the table empties.
+#[test]
+fn a_panic_payload_whose_drop_panics_does_not_kill_the_worker() {
+    let backend = |keys: &[u64], request: &String| -> Vec<bool> {
+        if request == "hostile" {
+            std::panic::panic_any(PanicsWhenDropped);
+        }
+        keys.iter().map(|_| true).collect()
+    };
+    let mut lookup = AsyncLookup::new(backend).unwrap();
+    lookup.lookup(&1, &req("hostile")).unwrap();
+    lookup.flush().unwrap();
+    lookup.wait_idle().expect("the worker is alive");
+    assert!(lookup.lookup(&1, &req("hostile")).unwrap().is_miss());
+    lookup.lookup(&2, &req("fine")).unwrap();
+    lookup.flush().unwrap();
+    lookup.wait_idle().expect("the worker is still alive");
+    assert!(lookup.lookup(&2, &req("fine")).unwrap().is_hit());
+    assert_eq!(lookup.stats().backend_panics, 1);
+    lookup.cleanup(&req("hostile")).unwrap();
+    lookup.cleanup(&req("fine")).unwrap();
+    lookup.shutdown().unwrap();
+    assert!(lookup.table().is_empty());
+}

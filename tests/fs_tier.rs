@@ -272,6 +272,7 @@ fn dropping_the_tier_finishes_every_queued_save() {
         FsOptions {
             io_threads: 1,
             sync_data: true,
+            ..FsOptions::default()
         },
     )
     .unwrap();
@@ -375,4 +376,264 @@ fn the_tokio_driver_looks_blocks_up_on_disk() {
 fn keys_name_blocks_in_lowercase_hex() {
     assert_eq!(255u64.hex(), "00000000000000ff");
     assert_eq!(vec![0u8, 1].hex(), "0001");
+}
+
+/// Runs `test` on a thread and fails if it has not finished after 60 s (a
+/// load that blocks on a FIFO would hang the test instead of failing it).
+fn within_a_minute(test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => worker.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for 60 s"),
+    }
+}
+
+#[test]
+fn a_load_is_bounded_whatever_the_block_path_holds() {
+    within_a_minute(|| {
+        let (root, tier) = tier();
+        let key = 7u64;
+        let path = tier.path_of(&key);
+        tier.store(&key, b"small").unwrap();
+
+        // A header promising 1 GiB, on a (sparse) file that big: refused by
+        // the limit before anything is read.
+        let mut header = fs::read(&path).unwrap()[..16].to_vec();
+        header[4..12].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        let file = fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut &file, &header).unwrap();
+        file.set_len(16 + (1 << 30)).unwrap();
+        match tier.load(&key) {
+            Err(TierError::Corrupt {
+                kind: Corruption::TooLarge { length, limit },
+                ..
+            }) => assert_eq!((length, limit), (1 << 30, 256 << 20)),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        // A small header on a 1 GiB file: the size disagrees, nothing read.
+        tier.store(&key, b"small").unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        assert!(matches!(
+            tier.load(&key),
+            Err(TierError::Corrupt {
+                kind: Corruption::Trailing { .. },
+                ..
+            })
+        ));
+
+        // A link to /dev/zero: not followed; followed, a device is refused.
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        assert!(!tier.contains(&key).unwrap(), "a link is not a block");
+        assert!(matches!(
+            tier.load(&key),
+            Err(TierError::NotABlock {
+                what: "a symbolic link",
+                ..
+            })
+        ));
+        let following = FsTier::open_with(
+            root.path(),
+            "model-a/cfg-1/rank0",
+            FsOptions {
+                follow_symlinks: true,
+                ..FsOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            following.load(&key),
+            Err(TierError::NotABlock {
+                what: "a device",
+                ..
+            })
+        ));
+
+        // A FIFO: refused at once, never waited on.
+        fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(!tier.contains(&key).unwrap());
+        assert!(matches!(
+            tier.load(&key),
+            Err(TierError::NotABlock { what: "a FIFO", .. })
+        ));
+
+        assert!(
+            FsTier::open_with(
+                root.path(),
+                "x",
+                FsOptions {
+                    max_block_bytes: 0,
+                    ..FsOptions::default()
+                }
+            )
+            .is_err()
+        );
+        let capped = FsTier::open_with(
+            root.path(),
+            "capped",
+            FsOptions {
+                max_block_bytes: 4,
+                ..FsOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            capped.store(&1u64, b"12345"),
+            Err(TierError::Config(_))
+        ));
+        capped.store(&1u64, b"1234").unwrap();
+    });
+}
+
+#[test]
+fn two_tiers_on_one_directory_never_share_a_temporary_file() {
+    let root = tempfile::tempdir().unwrap();
+    let first = FsTier::open(root.path(), "shared").unwrap();
+    let second = FsTier::open(root.path(), "shared").unwrap();
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writers: Vec<_> = [first.clone(), second.clone()]
+        .into_iter()
+        .map(|tier| {
+            let failures = failures.clone();
+            std::thread::spawn(move || {
+                for round in 0..1000u32 {
+                    if tier.store(&u64::from(round % 50), &payload(round)).is_err() {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    assert_eq!(failures.load(Ordering::Relaxed), 0, "saves failed");
+    for key in 0..50u64 {
+        let block = first.load(&key).unwrap().expect("stored");
+        assert_eq!(block, payload(version_of(&block)));
+    }
+    let strays: Vec<_> = walk(&root.path().join("shared"))
+        .into_iter()
+        .filter(|path| path.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+}
+
+#[test]
+fn stray_temporary_files_are_swept_once_old_and_nothing_else_is() {
+    let (_root, tier) = tier();
+    tier.store(&1u64, b"kept").unwrap();
+    let block = tier.path_of(&1u64);
+    let name = block.file_name().unwrap().to_string_lossy().into_owned();
+    let stray = |suffix: &str, age: Duration| {
+        let path = block.with_file_name(format!("{name}.{suffix}.tmp"));
+        let file = fs::File::create(&path).unwrap();
+        file.set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+        path
+    };
+    let old = stray("0123456789abcdef", Duration::from_secs(7200));
+    let old_style = stray("4242-7", Duration::from_secs(7200));
+    let young = stray("fedcba9876543210", Duration::from_secs(1));
+    let unrelated = block.with_file_name("notes.tmp");
+    fs::write(&unrelated, b"not ours").unwrap();
+
+    assert_eq!(tier.sweep_temp(Duration::from_secs(3600)).unwrap(), 2);
+    assert!(!old.exists() && !old_style.exists());
+    assert!(young.exists(), "a live writer's file is left alone");
+    assert!(unrelated.exists(), "only temporary block names are touched");
+    assert_eq!(tier.load(&1u64).unwrap().as_deref(), Some(&b"kept"[..]));
+    assert_eq!(tier.sweep_temp(Duration::from_secs(3600)).unwrap(), 0);
+}
+
+#[test]
+fn symlinks_below_the_root_are_not_followed_by_default() {
+    let (root, tier) = tier();
+    let outside = tempfile::tempdir().unwrap();
+    // A block elsewhere, valid, linked in at a key's path.
+    let elsewhere = FsTier::open(outside.path(), "other").unwrap();
+    elsewhere.store(&5u64, b"outside").unwrap();
+    let path = tier.path_of(&5u64);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path_of(&5u64), &path).unwrap();
+    assert!(!tier.contains(&5u64).unwrap());
+    assert!(matches!(tier.load(&5u64), Err(TierError::NotABlock { .. })));
+
+    // A shard directory linked outside: nothing is written through it.
+    let victim = outside.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    let key = 0xabcd_ef00_0000_0000_u64; // shard abc/de, apart from key 5's
+    let shard = tier.path_of(&key);
+    let top = shard.parent().unwrap().parent().unwrap().to_path_buf();
+    fs::create_dir_all(&top).unwrap();
+    std::os::unix::fs::symlink(&victim, shard.parent().unwrap()).unwrap();
+    assert!(matches!(
+        tier.store(&key, b"escape"),
+        Err(TierError::NotABlock { .. })
+    ));
+    assert_eq!(fs::read_dir(&victim).unwrap().count(), 0, "nothing escaped");
+
+    // A namespace component linked elsewhere is refused at open.
+    std::os::unix::fs::symlink(outside.path(), root.path().join("linked")).unwrap();
+    assert!(matches!(
+        FsTier::open(root.path(), "linked/ns"),
+        Err(TierError::NotABlock { .. })
+    ));
+
+    // Following links is a choice the options make.
+    let following = FsTier::open_with(
+        root.path(),
+        "model-a/cfg-1/rank0",
+        FsOptions {
+            follow_symlinks: true,
+            ..FsOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(following.contains(&5u64).unwrap());
+    assert_eq!(
+        following.load(&5u64).unwrap().as_deref(),
+        Some(&b"outside"[..])
+    );
+}
+
+#[test]
+fn a_key_too_long_for_a_file_name_affects_only_itself() {
+    let (_root, mut tier) = tier();
+    let fits = vec![0xab_u8; 115];
+    let too_long = vec![0xcd_u8; 116];
+    let far_too_long = vec![0xef_u8; 126];
+    tier.store(&fits, b"longest").unwrap();
+    assert_eq!(tier.load(&fits).unwrap().as_deref(), Some(&b"longest"[..]));
+    for key in [&too_long, &far_too_long] {
+        assert!(matches!(
+            tier.store(key, b"x"),
+            Err(TierError::KeyTooLong { limit: 234, .. })
+        ));
+        assert!(!tier.contains(key).unwrap());
+        assert_eq!(tier.load(key).unwrap(), None);
+    }
+    // In one group with a stored neighbour: the neighbour is still a hit.
+    let group = vec![fits.clone(), far_too_long.clone(), too_long.clone()];
+    let answers = kvtier::LookupBackend::batch_lookup(&mut tier, &group, &"r".to_string()).unwrap();
+    assert_eq!(answers, [true, false, false]);
+    let task = tier.save(&far_too_long, b"x".to_vec());
+    assert!(matches!(task.wait(), Err(TaskError::Failed(_))));
 }

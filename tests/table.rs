@@ -385,3 +385,62 @@ fn a_request_cleaned_up_and_seen_again_within_a_step_still_gets_one_group() {
     // a's group keeps its place (a asked first), holding only the live key.
     assert_eq!(groups, vec![("a", &[3][..]), ("b", &[2][..])]);
 }
+
+/// Every table numbers its generations from 0, so a ticket or a group result
+/// carried to another table would otherwise look like that table's own: it
+/// would flip another table's hit, or be applied as the answer while the
+/// real answer is then dropped. Both are refused and counted as foreign.
+#[test]
+fn tickets_and_results_are_tied_to_the_table_that_issued_them() {
+    let mut ours = Table::new();
+    let mut theirs = Table::new();
+    let mut stranger = Table::new();
+    for table in [&mut ours, &mut theirs, &mut stranger] {
+        assert_eq!(table.lookup(&4, &req("a")), Verdict::Pending);
+    }
+    assert_eq!(
+        ours.key_state(&4).unwrap().generation,
+        stranger.key_state(&4).unwrap().generation,
+        "the same generation in both tables"
+    );
+    let our_results = probe_even(&mut ours);
+    let strange_results = probe_even(&mut stranger);
+    assert_ne!(our_results[0].table(), strange_results[0].table());
+
+    // Another table's result applied here is refused whole; our key stays
+    // in flight for our own answer, which is then applied normally.
+    for result in strange_results {
+        ours.apply(result);
+    }
+    assert_eq!(ours.stats().foreign, 1);
+    assert_eq!(ours.stats().groups_applied, 0);
+    assert_eq!(ours.key_state(&4).unwrap().phase, Phase::InFlight);
+    for result in our_results {
+        ours.apply(result);
+    }
+    assert_eq!(
+        ours.stats().anomalies,
+        0,
+        "our own answer is not a duplicate"
+    );
+    let Verdict::Hit(our_ticket) = ours.lookup(&4, &req("a")) else {
+        panic!("4 is even");
+    };
+
+    // Their table has its own hit for 4, of the same generation; our
+    // ticket does not flip it.
+    step(&mut theirs);
+    assert_eq!(
+        theirs.key_state(&4).unwrap().generation,
+        our_ticket.generation()
+    );
+    assert!(!theirs.mark_miss(&our_ticket));
+    assert_eq!(theirs.stats().foreign, 1);
+    assert!(theirs.lookup(&4, &req("a")).is_hit(), "their hit stands");
+    assert!(
+        ours.mark_miss(&our_ticket),
+        "the ticket works where it was issued"
+    );
+    assert_clean(&ours);
+    assert_clean(&theirs);
+}

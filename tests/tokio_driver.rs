@@ -438,6 +438,58 @@ fn invalid_settings_are_refused_with_a_reason() {
     assert!(refuse(TokioConfig::default().max_concurrent_groups(0)).contains("at least 1"));
     assert!(refuse(TokioConfig::default().group_timeout(Some(Duration::ZERO))).contains("zero"));
     assert!(refuse(TokioConfig::default().worker_threads(0)).contains("worker_threads"));
+    // A million threads would abort the process on memory.
+    assert!(refuse(TokioConfig::default().worker_threads(1_000_000)).contains("1 to 1024"));
+}
+
+/// Durations too long to add to an `Instant` are waits without an end, not
+/// an overflow panic in `shutdown` or `Drop`.
+#[test]
+fn the_longest_durations_do_not_overflow() {
+    watchdog(|| {
+        let config = TokioConfig::default()
+            .shutdown_grace(Duration::MAX)
+            .group_timeout(Some(Duration::MAX));
+        let (probe, _) = backend(&[]);
+        let mut driver = TokioLookup::new(probe, config.clone()).unwrap();
+        driver.lookup(&2, &req("a")).unwrap();
+        driver.flush().unwrap();
+        driver
+            .shutdown()
+            .expect("the group finishes within an endless grace");
+        assert!(driver.table().key_state(&2).is_some());
+        assert_eq!(driver.stats().groups_applied, 1);
+        let (probe, _) = backend(&[]);
+        let mut dropped = TokioLookup::new(probe, config).unwrap();
+        dropped.lookup(&4, &req("b")).unwrap();
+        dropped.flush().unwrap();
+        drop(dropped);
+    });
+}
+
+/// On a runtime without timers every group would be cancelled by its
+/// timeout and every stored key read as a miss: refused at construction.
+#[test]
+fn a_runtime_without_timers_is_refused_when_groups_have_a_timeout() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let (probe, _) = backend(&[]);
+    match TokioLookup::with_handle(probe, TokioConfig::default(), runtime.handle().clone()) {
+        Err(LookupError::Config(reason)) => assert!(reason.contains("time driver"), "{reason}"),
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("accepted a runtime without timers"),
+    }
+    // Without a timeout, no timer is needed and lookups work.
+    let (probe, _) = backend(&[]);
+    let config = TokioConfig::default().group_timeout(None);
+    let mut driver = TokioLookup::with_handle(probe, config, runtime.handle().clone()).unwrap();
+    driver.lookup(&2, &req("a")).unwrap();
+    driver.flush().unwrap();
+    driver.wait_idle().unwrap();
+    assert!(driver.lookup(&2, &req("a")).unwrap().is_hit());
+    driver.shutdown().unwrap();
 }
 
 #[test]

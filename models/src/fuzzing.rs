@@ -150,3 +150,29 @@ pub fn save_vs_reference(data: &[u8]) {
         panic!("{mode:?}, {workers} workers, at the end: {why}\ntrace: {trace:?}");
     }
 }
+
+/// `block_decoder`: arbitrary bytes, as a file or object holding them would
+/// hand them over, through kvtier's block decoder. It never panics (a
+/// header may promise any length); whatever decodes re-encodes to the same
+/// bytes; every payload round-trips; and a header without the magic is a
+/// foreign block whatever follows.
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+pub fn block_decoder(data: &[u8]) {
+    use kvtier::block::{self, Corruption, HEADER_LEN};
+
+    match block::decode(data) {
+        Ok(payload) => assert_eq!(block::encode(payload), data, "decoded, re-encoded"),
+        Err(corruption) => assert!(!corruption.to_string().is_empty()),
+    }
+    assert_eq!(block::decode(&block::encode(data)), Ok(data), "round trip");
+    if let Some(header) = data.first_chunk::<HEADER_LEN>() {
+        match block::payload_length(header) {
+            Err(kind) => assert_eq!(block::decode(data), Err(kind)),
+            Ok(length) if length != (data.len() - HEADER_LEN) as u64 => assert!(matches!(
+                block::decode(data),
+                Err(Corruption::Truncated { .. } | Corruption::Trailing { .. })
+            )),
+            Ok(_) => {}
+        }
+    }
+}

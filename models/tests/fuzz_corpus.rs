@@ -64,3 +64,8 @@ fn save_vs_reference_corpus_replays_cleanly() {
         kvtier_models::fuzzing::save_vs_reference,
     );
 }
+
+#[test]
+fn block_decoder_corpus_replays_cleanly() {
+    replay("block_decoder", kvtier_models::fuzzing::block_decoder);
+}

@@ -7,7 +7,7 @@ use std::panic::{self, AssertUnwindSafe};
 
 use super::submission::{Group, GroupOutcome, GroupResult, collect_answers};
 use super::types::Request;
-use crate::fault::panic_message;
+use crate::fault::take_panic;
 
 /// A tier that can say whether it holds blocks, one request group at a time.
 ///
@@ -104,7 +104,7 @@ where
             Err(error) => CallEnd::Error(error.to_string()),
         }
     }));
-    let end = call.unwrap_or_else(|payload| CallEnd::Panic(panic_message(payload.as_ref())));
+    let end = call.unwrap_or_else(|payload| CallEnd::Panic(take_panic(payload)));
     settle(group, found, end)
 }
 
@@ -172,7 +172,7 @@ mod tests {
     /// Probes keys 1 and 2 for request 9 with `backend`; returns the outcome
     /// and what was logged.
     fn probe_logged(mut backend: impl LookupBackend<u64, u64>) -> (GroupOutcome, String) {
-        let mut group = Group::new(9u64);
+        let mut group = Group::new(crate::lookup::types::TableId::new(), 9u64);
         group.keys = vec![1, 2];
         group.generations = vec![Generation(0), Generation(1)];
         crate::fault::logged(|| probe_group(&mut backend, group).outcome())

@@ -11,7 +11,7 @@ use super::stats::Stats;
 use super::submission::Submission;
 use super::table::LookupTable;
 use super::types::{Request, Ticket, Verdict};
-use crate::fault::panic_message;
+use crate::fault::{drop_payload, take_panic};
 use crate::sync::{Arc, Condvar, Mutex, thread};
 
 /// Why a driver call could not be carried out.
@@ -251,7 +251,7 @@ where
     pub fn shutdown(&mut self) -> Result<(), LookupError> {
         let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;
         self.front.apply_published();
-        joined.map_err(|payload| LookupError::WorkerLost(panic_message(payload.as_ref())))
+        joined.map_err(|payload| LookupError::WorkerLost(take_panic(payload)))
     }
 }
 
@@ -276,7 +276,9 @@ impl<K, R: Request, B> AsyncLookup<K, R, B> {
 impl<K, R: Request, B> Drop for AsyncLookup<K, R, B> {
     fn drop(&mut self) {
         // Nothing to report to: a worker that panicked already logged.
-        let _ = self.close_and_join();
+        if let Some(Err(payload)) = self.close_and_join() {
+            drop_payload(payload);
+        }
     }
 }
 

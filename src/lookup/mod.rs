@@ -27,4 +27,4 @@ pub use table::LookupTable;
     all(kvtier_shuttle, not(kvtier_loom))
 ))]
 pub use tasks::{AsyncLookupBackend, TokioConfig, TokioLookup};
-pub use types::{Generation, KeyState, Phase, Request, Ticket, Verdict};
+pub use types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};

@@ -32,6 +32,10 @@ pub struct Stats {
     /// whose state left `Pending` without being submitted). Always 0 unless
     /// kvtier has a bug; the models assert it.
     pub anomalies: u64,
+    /// Group results and tickets of another table, refused whole (a driver
+    /// bug: a ticket or result carried to the wrong table). A result's keys
+    /// are not counted as stale results.
+    pub foreign: u64,
     /// Resolved hits turned into misses by `mark_miss` / `mark_miss_keys`.
     pub marked_miss: u64,
     /// Groups whose backend call returned an error (all keys became misses).

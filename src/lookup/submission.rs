@@ -1,7 +1,7 @@
 //! What travels between the table and whoever probes the tier: a step's
 //! [`Submission`] of request [`Group`]s out, one [`GroupResult`] per group back.
 
-use super::types::Generation;
+use super::types::{Generation, TableId};
 
 /// The new keys of one step, grouped by request in order of first appearance.
 ///
@@ -34,6 +34,7 @@ impl<K, R> Submission<K, R> {
 /// of the state it was submitted for.
 #[derive(Debug)]
 pub struct Group<K, R> {
+    pub(crate) table: TableId,
     pub(crate) seq: u64,
     pub(crate) request: R,
     pub(crate) keys: Vec<K>,
@@ -41,13 +42,19 @@ pub struct Group<K, R> {
 }
 
 impl<K, R> Group<K, R> {
-    pub(crate) fn new(request: R) -> Self {
+    pub(crate) fn new(table: TableId, request: R) -> Self {
         Self {
+            table,
             seq: 0,
             request,
             keys: Vec::new(),
             generations: Vec::new(),
         }
+    }
+
+    /// The table that handed the group out.
+    pub fn table(&self) -> TableId {
+        self.table
     }
 
     /// The group's sequence number: groups are numbered 0, 1, 2, ... in the
@@ -107,6 +114,7 @@ impl<K, R> Group<K, R> {
         // stay in flight forever (the reference's `zip` defect).
         found.resize(self.keys.len(), false);
         GroupResult {
+            table: self.table,
             seq: self.seq,
             keys: self.keys,
             generations: self.generations,
@@ -183,6 +191,7 @@ impl GroupOutcome {
 /// table can drop answers for states that were cleaned up or recreated since.
 #[derive(Debug)]
 pub struct GroupResult<K> {
+    pub(crate) table: TableId,
     pub(crate) seq: u64,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
@@ -191,6 +200,12 @@ pub struct GroupResult<K> {
 }
 
 impl<K> GroupResult<K> {
+    /// The table whose group this answers; [`LookupTable::apply`](crate::LookupTable::apply)
+    /// refuses a result of another table.
+    pub fn table(&self) -> TableId {
+        self.table
+    }
+
     /// The sequence number of the group this answers (see [`Group::seq`]).
     pub fn seq(&self) -> u64 {
         self.seq

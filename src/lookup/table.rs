@@ -16,7 +16,7 @@ use hashbrown::hash_map::Entry as MapEntry;
 
 use super::stats::Stats;
 use super::submission::{Group, GroupOutcome, GroupResult, Submission};
-use super::types::{Generation, KeyState, Phase, Request, Ticket, Verdict};
+use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
 
 /// "No slot" in [`Entry::first`] and [`Entry::more`].
 const NONE: u32 = u32::MAX;
@@ -231,6 +231,8 @@ impl<K: Eq, I> Slot<K, I> {
 /// assert!(table.is_empty());
 /// ```
 pub struct LookupTable<K, R: Request> {
+    /// Carried by every ticket, group and result this table hands out.
+    id: TableId,
     states: HashMap<K, Entry>,
     /// Live request ids and their slots.
     slot_of: HashMap<R::Id, u32>,
@@ -265,6 +267,7 @@ pub struct LookupTable<K, R: Request> {
 impl<K, R: Request> Default for LookupTable<K, R> {
     fn default() -> Self {
         Self {
+            id: TableId::new(),
             states: HashMap::new(),
             slot_of: HashMap::new(),
             slots: Vec::new(),
@@ -331,6 +334,7 @@ where
                 Verdict::Hit(Ticket {
                     key: key.clone(),
                     generation: entry.generation(),
+                    table: self.id,
                 })
             }
             Phase::Resolved { found: false } => {
@@ -359,7 +363,7 @@ where
             let index = match self.batch_groups.get(id) {
                 Some(&index) => index,
                 None => {
-                    self.batch.push(Group::new(request.clone()));
+                    self.batch.push(Group::new(self.id, request.clone()));
                     self.batch_groups.insert(id.clone(), self.batch.len() - 1);
                     self.batch.len() - 1
                 }
@@ -466,8 +470,18 @@ where
     /// An answer whose key is gone, or whose generation is not the state's, is
     /// stale and dropped. An answer for a state nobody waits for any more (an
     /// orphan: every requester was cleaned up in flight) removes the state.
-    /// Otherwise the state becomes resolved.
+    /// Otherwise the state becomes resolved. A result of another table's
+    /// group is refused whole (counted in [`Stats::foreign`]).
     pub fn apply(&mut self, result: GroupResult<K>) {
+        if result.table != self.id {
+            // L10: generations are only comparable within one table.
+            self.stats.foreign += 1;
+            tracing::error!(
+                seq = result.seq,
+                "a group result of another lookup table was applied; dropped"
+            );
+            return;
+        }
         self.stats.groups_applied += 1;
         match result.outcome {
             GroupOutcome::Answered => {}
@@ -524,8 +538,14 @@ where
     /// Only the exact generation that resolved as a hit is touched: if the key
     /// was cleaned up and looked up again since, the ticket is stale and this
     /// is a no-op, so a late failure cannot corrupt a newer lookup. Returns
-    /// whether the verdict changed.
+    /// whether the verdict changed. A ticket from another table is refused
+    /// (counted in [`Stats::foreign`]).
     pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> bool {
+        if ticket.table != self.id {
+            // L10: another table's generation 3 is not this table's.
+            self.stats.foreign += 1;
+            return false;
+        }
         match self.states.get_mut(&ticket.key) {
             Some(state)
                 if state.generation() == ticket.generation
@@ -719,8 +739,14 @@ where
 mod tests {
     use super::*;
 
-    fn result_for(key: u64, generation: Generation, found: bool) -> GroupResult<u64> {
+    fn result_for(
+        table: &LookupTable<u64, u64>,
+        key: u64,
+        generation: Generation,
+        found: bool,
+    ) -> GroupResult<u64> {
         GroupResult {
+            table: table.id,
             seq: 0,
             keys: vec![key],
             generations: vec![generation],
@@ -739,11 +765,11 @@ mod tests {
     fn a_result_for_another_generation_is_dropped_as_stale() {
         let mut table = LookupTable::<u64, u64>::new();
         let current = in_flight(&mut table, 5, 1);
-        table.apply(result_for(5, Generation(current.0 + 1), true));
-        table.apply(result_for(6, current, true)); // no such key
+        table.apply(result_for(&table, 5, Generation(current.0 + 1), true));
+        table.apply(result_for(&table, 6, current, true)); // no such key
         assert_eq!(table.stats().stale_results, 2);
         assert_eq!(table.key_state(&5).unwrap().phase, Phase::InFlight);
-        table.apply(result_for(5, current, false));
+        table.apply(result_for(&table, 5, current, false));
         assert_eq!(table.lookup(&5, &1), Verdict::Miss);
         assert_eq!(table.stats().anomalies, 0);
     }
@@ -752,8 +778,8 @@ mod tests {
     fn a_duplicate_result_is_counted_as_an_anomaly_and_changes_nothing() {
         let mut table = LookupTable::<u64, u64>::new();
         let generation = in_flight(&mut table, 5, 1);
-        table.apply(result_for(5, generation, true));
-        table.apply(result_for(5, generation, false));
+        table.apply(result_for(&table, 5, generation, true));
+        table.apply(result_for(&table, 5, generation, false));
         assert_eq!(table.stats().anomalies, 1);
         assert!(table.lookup(&5, &1).is_hit(), "the first answer stands");
     }
@@ -763,7 +789,7 @@ mod tests {
         let mut table = LookupTable::<u64, u64>::new();
         table.lookup(&5, &1);
         let generation = table.key_state(&5).unwrap().generation;
-        table.apply(result_for(5, generation, true));
+        table.apply(result_for(&table, 5, generation, true));
         assert_eq!(table.stats().anomalies, 1);
         assert_eq!(table.key_state(&5).unwrap().phase, Phase::Pending);
         // The key is still submitted and resolved normally afterwards.

@@ -31,7 +31,7 @@ use super::stats::Stats;
 use super::submission::{Group, GroupOutcome, collect_answers};
 use super::table::LookupTable;
 use super::types::{Request, Ticket, Verdict};
-use crate::fault::panic_message;
+use crate::fault::take_panic;
 use crate::sync::{Arc, Condvar, Mutex, task};
 
 /// A tier that answers groups of keys asynchronously; the backend of
@@ -123,13 +123,14 @@ impl TokioConfig {
     }
 
     /// How long [`TokioLookup::shutdown`] lets queued and running groups
-    /// finish before it cancels them. Zero cancels at once.
+    /// finish before it cancels them. Zero cancels at once; a grace too long
+    /// to end (`Duration::MAX`) waits for them.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
     }
 
-    /// Threads of the runtime [`TokioLookup::new`] builds (at least 1);
+    /// Threads of the runtime [`TokioLookup::new`] builds (1 to 1024);
     /// unused with [`TokioLookup::with_handle`].
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.worker_threads = threads;
@@ -163,13 +164,35 @@ impl TokioConfig {
                     .into(),
             ));
         }
-        if self.worker_threads == 0 {
-            return Err(LookupError::Config(
-                "worker_threads must be at least 1".into(),
-            ));
+        if !(1..=MAX_WORKER_THREADS).contains(&self.worker_threads) {
+            return Err(LookupError::Config(format!(
+                "worker_threads is {}; it must be 1 to {MAX_WORKER_THREADS}",
+                self.worker_threads
+            )));
         }
         Ok(())
     }
+}
+
+/// The most runtime threads [`TokioLookup::new`] starts: more only costs
+/// memory (a million of them abort the process).
+const MAX_WORKER_THREADS: usize = 1024;
+
+/// `now + wait`, or `None` for a wait too long to have an end (a grace of
+/// `Duration::MAX` overflows an `Instant`): wait without a deadline then.
+fn deadline_after(wait: Duration) -> Option<Instant> {
+    Instant::now().checked_add(wait)
+}
+
+/// Whether `handle`'s runtime has a time driver. tokio has no query for it;
+/// creating a timer on a runtime without one panics at once (the panic is
+/// printed by the panic hook), so creating one is the query.
+#[cfg(not(kvtier_shuttle))]
+fn has_timers(handle: &tokio::runtime::Handle) -> bool {
+    let _inside = handle.enter();
+    panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO)))
+        .map_err(crate::fault::drop_payload)
+        .is_ok()
 }
 
 /// How long shutdown waits for aborted runners to drop their groups. An
@@ -278,16 +301,25 @@ where
         Ok(driver)
     }
 
-    /// Probes `backend` on the caller's runtime. The runtime must have its
-    /// time driver enabled (`enable_time` or `enable_all`) for timeouts, and
-    /// must keep running tasks while the scheduler works: a multi-threaded
-    /// runtime, or a current-thread one driven by another thread.
+    /// Probes `backend` on the caller's runtime. The runtime must keep
+    /// running tasks while the scheduler works: a multi-threaded runtime, or
+    /// a current-thread one driven by another thread. With a group timeout
+    /// it must have its time driver (`enable_time` or `enable_all`): without
+    /// one this is a [`LookupError::Config`], where every group would
+    /// otherwise be cancelled and every stored key read as a miss.
     pub fn with_handle(
         backend: B,
         config: TokioConfig,
         handle: tokio::runtime::Handle,
     ) -> Result<Self, LookupError> {
         config.validate()?;
+        if config.group_timeout.is_some() && !has_timers(&handle) {
+            return Err(LookupError::Config(
+                "the runtime has no time driver, which the group timeout needs: build it with \
+                 enable_time() or enable_all(), or set group_timeout(None)"
+                    .into(),
+            ));
+        }
         Ok(Self::start(backend, &config, handle))
     }
 }
@@ -497,13 +529,18 @@ impl<K, R: Request, B> TokioLookup<K, R, B> {
     fn stop(&mut self) -> u64 {
         let shared = &*self.shared;
         let mut pool = shared.pool.lock();
-        let deadline = Instant::now() + self.shutdown_grace;
+        let deadline = deadline_after(self.shutdown_grace);
         while pool.finished < pool.submitted {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            pool = shared.progress.wait_timeout(pool, deadline - now);
+            pool = match deadline {
+                None => shared.progress.wait(pool),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    shared.progress.wait_timeout(pool, deadline - now)
+                }
+            };
         }
         drop(pool);
         // Aborted runners publish their group and everything still queued
@@ -666,7 +703,7 @@ async fn catch_unwind<F: Future>(future: F) -> Result<F::Output, String> {
         match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => Poll::Ready(Err(panic_message(payload.as_ref()))),
+            Err(payload) => Poll::Ready(Err(take_panic(payload))),
         }
     })
     .await

@@ -72,11 +72,28 @@ impl Generation {
 ///
 /// Give it back to [`mark_miss`](crate::LookupTable::mark_miss) when loading
 /// the block failed: only that exact generation is turned into a miss, so a
-/// late failure can never corrupt a newer lookup of the same key.
+/// late failure can never corrupt a newer lookup of the same key. A ticket
+/// belongs to the table that issued it: every table numbers its generations
+/// from 0, so a ticket also carries its table's identity, and another
+/// table's ticket is refused whatever its generation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Ticket<K> {
     pub(crate) key: K,
     pub(crate) generation: Generation,
+    pub(crate) table: TableId,
+}
+
+/// The identity of one [`LookupTable`](crate::LookupTable), unique in the
+/// process: carried by its tickets, groups and group results, so that one
+/// from another table is recognised whatever its generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableId(pub(crate) u64);
+
+impl TableId {
+    /// A new identity, never handed out before in this process.
+    pub(crate) fn new() -> Self {
+        Self(crate::sync::unique_id())
+    }
 }
 
 impl<K> Ticket<K> {
@@ -88,6 +105,11 @@ impl<K> Ticket<K> {
     /// The generation that resolved as a hit.
     pub fn generation(&self) -> Generation {
         self.generation
+    }
+
+    /// The table that issued the ticket.
+    pub fn table(&self) -> TableId {
+        self.table
     }
 }
 
@@ -154,6 +176,7 @@ mod tests {
         let hit = Verdict::Hit(Ticket {
             key: 1u64,
             generation: Generation(0),
+            table: TableId::new(),
         });
         let verdicts = [hit, Verdict::Miss, Verdict::Pending];
         let answers: Vec<[bool; 3]> = verdicts

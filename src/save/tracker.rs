@@ -10,7 +10,7 @@ use super::ledger::{Closed, Ended, SaveLedger};
 use super::scheduler::SaveStep;
 use super::stats::SaveStats;
 use super::task::{StoreTask, TaskId};
-use crate::fault::panic_message;
+use crate::fault::take_panic;
 
 /// How [`SaveTracker::get_finished`] treats finished requests whose saves are
 /// still running.
@@ -153,7 +153,7 @@ where
                 Err(payload) => {
                     // Nothing says whether the I/O is over: wait for it.
                     self.ledger.check_panicked();
-                    tracing::error!(task = %id, panic = %panic_message(payload.as_ref()), "a save task's check panicked; waiting for it");
+                    tracing::error!(task = %id, panic = %take_panic(payload), "a save task's check panicked; waiting for it");
                     done.push((id, Closed::Waited));
                 }
             }
@@ -288,7 +288,7 @@ where
                 self.ledger.close_task(id, how, Ended::Returned(&outcome))
             }
             Err(payload) => {
-                tracing::error!(task = %id, panic = %panic_message(payload.as_ref()), "a save task's wait panicked; its requests are still reported");
+                tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
                 self.ledger.close_task(id, how, Ended::Panicked)
             }
         };

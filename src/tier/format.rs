@@ -8,7 +8,7 @@
 /// Identifies a kvtier block, format version 1.
 const MAGIC: &[u8; 4] = b"KVT1";
 /// Bytes before the payload.
-pub(crate) const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = 16;
 
 /// Why stored bytes are not a valid block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +33,15 @@ pub enum Corruption {
     /// The payload does not match its checksum.
     #[error("checksum mismatch: the payload is damaged")]
     Checksum,
+    /// The header promises a payload above the tier's maximum block size:
+    /// refused before anything is read or allocated for it.
+    #[error("the header promises {length} bytes, above the {limit}-byte block limit")]
+    TooLarge {
+        /// Payload bytes the header promises.
+        length: u64,
+        /// The tier's limit.
+        limit: u64,
+    },
 }
 
 /// The header that precedes `payload` when it is stored.
@@ -44,41 +53,57 @@ pub(crate) fn header(payload: &[u8]) -> [u8; HEADER_LEN] {
     header
 }
 
-/// The stored form of `payload`.
-#[cfg_attr(not(feature = "object-store"), allow(dead_code))]
-pub(crate) fn encode(payload: &[u8]) -> Vec<u8> {
+/// The stored form of `payload`: the header, then the payload.
+pub fn encode(payload: &[u8]) -> Vec<u8> {
     let mut block = Vec::with_capacity(HEADER_LEN + payload.len());
     block.extend_from_slice(&header(payload));
     block.extend_from_slice(payload);
     block
 }
 
-/// The payload of a stored block, checked against its header.
-pub(crate) fn decode(block: &[u8]) -> Result<&[u8], Corruption> {
-    if block.len() < MAGIC.len() || &block[..MAGIC.len()] != MAGIC {
+/// The payload length a block's header promises: `Foreign` unless `header`
+/// starts with the magic. Reading a block from a file checks this before it
+/// reads (or allocates for) the payload.
+pub fn payload_length(header: &[u8; HEADER_LEN]) -> Result<u64, Corruption> {
+    if &header[..MAGIC.len()] != MAGIC {
+        return Err(Corruption::Foreign);
+    }
+    Ok(u64::from_le_bytes(
+        header[4..12].try_into().expect("8 bytes"),
+    ))
+}
+
+/// The payload of a stored block, checked against its header: the magic, the
+/// length (neither shorter nor longer) and the checksum. Any bytes at all
+/// give a payload or a [`Corruption`], never a panic.
+///
+/// ```
+/// use kvtier::block::{self, Corruption};
+///
+/// let stored = block::encode(b"kv block");
+/// assert_eq!(block::decode(&stored), Ok(&b"kv block"[..]));
+/// assert_eq!(block::decode(b"GIF89a, not a block"), Err(Corruption::Foreign));
+/// ```
+pub fn decode(block: &[u8]) -> Result<&[u8], Corruption> {
+    let Some(header) = block.first_chunk::<HEADER_LEN>() else {
         // Too short to tell apart from a foreign file only if it does not
         // start like one of ours.
-        if MAGIC.starts_with(&block[..block.len().min(MAGIC.len())]) && block.len() < HEADER_LEN {
+        if MAGIC.starts_with(&block[..block.len().min(MAGIC.len())]) {
             return Err(Corruption::Truncated {
                 expected: HEADER_LEN as u64,
                 found: block.len() as u64,
             });
         }
         return Err(Corruption::Foreign);
-    }
-    if block.len() < HEADER_LEN {
-        return Err(Corruption::Truncated {
-            expected: HEADER_LEN as u64,
-            found: block.len() as u64,
-        });
-    }
-    let length = u64::from_le_bytes(block[4..12].try_into().expect("8 bytes"));
-    let checksum = u32::from_le_bytes(block[12..16].try_into().expect("4 bytes"));
+    };
+    let length = payload_length(header)?;
+    let checksum = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
     let payload = &block[HEADER_LEN..];
     let found = payload.len() as u64;
     if found < length {
         return Err(Corruption::Truncated {
-            expected: length + HEADER_LEN as u64,
+            // A header may promise anything up to u64::MAX.
+            expected: length.saturating_add(HEADER_LEN as u64),
             found: found + HEADER_LEN as u64,
         });
     }
@@ -131,5 +156,21 @@ mod tests {
         let mut flipped = block.clone();
         flipped[HEADER_LEN] ^= 1;
         assert_eq!(decode(&flipped), Err(Corruption::Checksum));
+    }
+
+    #[test]
+    fn a_header_promising_any_length_is_truncated_not_an_overflow() {
+        for promised in [u64::MAX, u64::MAX - 15, u64::MAX - 16, 1 << 63] {
+            let mut block = encode(b"short");
+            block[4..12].copy_from_slice(&promised.to_le_bytes());
+            assert_eq!(
+                decode(&block),
+                Err(Corruption::Truncated {
+                    expected: promised.saturating_add(16),
+                    found: 21
+                }),
+                "{promised}"
+            );
+        }
     }
 }

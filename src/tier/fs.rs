@@ -1,11 +1,12 @@
 //! A block tier on a directory tree (local disk, NFS, any mounted file system).
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use super::TierError;
-use super::format::{self, HEADER_LEN};
+use super::format::{self, Corruption, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
 use crate::lookup::LookupBackend;
@@ -13,16 +14,30 @@ use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
+/// The most I/O threads a tier starts.
+const MAX_IO_THREADS: usize = 1024;
+
 /// Settings of an [`FsTier`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsOptions {
-    /// Threads that run [`FsTier::save`]s (at least 1). Default 2.
+    /// Threads that run [`FsTier::save`]s (1 to 1024). Default 2.
     pub io_threads: usize,
     /// Whether a save flushes the block's data to stable storage before
     /// publishing it. Default `false`: the tier is a cache, a block lost in
     /// a power cut is recomputed, and a block damaged by one is recognised
     /// on load by its length and checksum.
     pub sync_data: bool,
+    /// The largest payload a block may have (1 byte to 1 TiB). A save of a
+    /// larger one is refused; a stored header promising more is refused on
+    /// load before anything is read or allocated for it. Default 256 MiB.
+    pub max_block_bytes: u64,
+    /// Whether symbolic links below the root (in the namespace, the shard
+    /// directories, at a block's name) are followed. Default `false`: a
+    /// lookup of a symlinked block is a miss, and loading or storing through
+    /// one is refused ([`TierError::NotABlock`]), so nothing below the root
+    /// can make the tier read or write outside it. The root itself may be a
+    /// link.
+    pub follow_symlinks: bool,
 }
 
 impl Default for FsOptions {
@@ -30,16 +45,31 @@ impl Default for FsOptions {
         Self {
             io_threads: 2,
             sync_data: false,
+            max_block_bytes: 256 << 20,
+            follow_symlinks: false,
         }
     }
 }
+
+/// The largest `max_block_bytes`.
+const MAX_BLOCK_LIMIT: u64 = 1 << 40;
+
+/// What a temporary name adds to a block's name: `.<16 hex digits>.tmp`.
+const TEMP_SUFFIX: usize = 1 + 16 + 4;
+
+/// The longest block file name a tier reads or writes: its temporary name
+/// must still fit the 255-byte name limit of common file systems. Keys of
+/// up to 115 bytes (230 hex digits, `.bin`) fit.
+pub(crate) const MAX_NAME: usize = 255 - TEMP_SUFFIX;
 
 struct Inner {
     root: PathBuf,
     namespace: String,
     dir: PathBuf,
     sync_data: bool,
-    /// Save ids, and unique names for temporary files.
+    max_block_bytes: u64,
+    follow_symlinks: bool,
+    /// Save ids.
     next_save: AtomicU64,
 }
 
@@ -50,14 +80,21 @@ struct Inner {
 ///   [`LookupBackend`] (and, with the `tokio` feature, an
 ///   [`AsyncLookupBackend`](crate::AsyncLookupBackend)) it answers groups
 ///   for the lookup drivers.
-/// - **Save** writes `<hex>.bin.<unique>.tmp` and renames it over the final
-///   name, so a reader sees either no block or a whole one, never a part;
-///   a crash leaves at most a stray `.tmp` file, never a partial block.
+/// - **Save** writes `<hex>.bin.<random>.tmp` (created exclusively, so two
+///   tiers, processes or hosts never share one) and renames it over the
+///   final name, so a reader sees either no block or a whole one, never a
+///   part; a crash leaves at most a stray `.tmp` file, never a partial
+///   block, and [`sweep_temp`](Self::sweep_temp) removes those.
 ///   [`save`](Self::save) runs on the tier's I/O threads and returns an
 ///   [`FsSaveTask`] for the [`SaveTracker`](crate::SaveTracker);
 ///   [`store`](Self::store) is the same, synchronously.
 /// - **Load** reads the block and checks its header, length and checksum: a
-///   truncated, foreign or damaged file is an error, not data.
+///   truncated, foreign or damaged file is an error, not data; what it reads
+///   is bounded by [`FsOptions::max_block_bytes`], and a FIFO, a device or
+///   a symbolic link at a block's path is refused, never waited on or read.
+/// - **Keys** name files: a key whose name does not fit a file name (over
+///   115 bytes) is a miss for lookups and [`TierError::KeyTooLong`] for
+///   saves, and affects no other key of its group.
 ///
 /// The namespace separates models, configurations and ranks that must not
 /// share blocks (vLLM uses model + config hash + rank), e.g.
@@ -105,14 +142,30 @@ impl FsTier {
     ) -> Result<Self, TierError> {
         let root = root.as_ref().to_path_buf();
         check_namespace(namespace).map_err(TierError::Namespace)?;
-        if options.io_threads == 0 {
-            return Err(TierError::Config("io_threads must be at least 1".into()));
+        if !(1..=MAX_IO_THREADS).contains(&options.io_threads) {
+            return Err(TierError::Config(format!(
+                "io_threads is {}; it must be 1 to {MAX_IO_THREADS}",
+                options.io_threads
+            )));
+        }
+        if !(1..=MAX_BLOCK_LIMIT).contains(&options.max_block_bytes) {
+            return Err(TierError::Config(format!(
+                "max_block_bytes is {}; it must be 1 to {MAX_BLOCK_LIMIT}",
+                options.max_block_bytes
+            )));
         }
         if !root.is_dir() {
             return Err(TierError::MissingRoot(root));
         }
         let dir = root.join(namespace);
         fs::create_dir_all(&dir).map_err(|source| TierError::io("create", &dir, source))?;
+        if !options.follow_symlinks {
+            let mut below = root.clone();
+            for component in namespace.split('/') {
+                below.push(component);
+                refuse_link(&below)?;
+            }
+        }
         let pool = IoPool::start(options.io_threads, "kvtier-fs-io")
             .map_err(|source| TierError::io("start I/O threads for", &dir, source))?;
         Ok(Self {
@@ -121,6 +174,8 @@ impl FsTier {
                 namespace: namespace.to_owned(),
                 dir,
                 sync_data: options.sync_data,
+                max_block_bytes: options.max_block_bytes,
+                follow_symlinks: options.follow_symlinks,
                 next_save: AtomicU64::new(0),
             }),
             pool: Arc::new(pool),
@@ -144,39 +199,61 @@ impl FsTier {
         self.inner.dir.join(name)
     }
 
-    /// Whether the tier holds a block for `key`.
+    /// Whether the tier holds a block for `key`: a regular file at its path
+    /// (a symlink there is not followed unless the options say so).
     pub fn contains(&self, key: &(impl BlockKey + ?Sized)) -> Result<bool, TierError> {
-        exists(&self.path_of(key))
+        let path = self.path_of(key);
+        if !name_fits(&path) {
+            return Ok(false); // never stored: no such name can be written
+        }
+        exists(&path, self.inner.follow_symlinks)
     }
 
     /// The block for `key`: `None` if there is none; an error if the file
     /// cannot be read or is not a whole, intact kvtier block.
+    ///
+    /// Bounded whatever is on disk: the open never blocks (a FIFO at the
+    /// path is refused, not waited on), only a regular file is read, a
+    /// header promising more than `max_block_bytes` is refused before
+    /// anything is read for it, a size that disagrees with the header is
+    /// refused before the payload is read, and at most the promised length
+    /// is read.
     pub fn load(&self, key: &(impl BlockKey + ?Sized)) -> Result<Option<Vec<u8>>, TierError> {
         let path = self.path_of(key);
-        let mut bytes = Vec::new();
-        match File::open(&path).and_then(|mut file| file.read_to_end(&mut bytes)) {
-            Ok(_) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(TierError::io("read", &path, error)),
+        if !name_fits(&path) {
+            return Ok(None);
         }
-        match format::decode(&bytes) {
-            Ok(_) => {
-                bytes.drain(..HEADER_LEN);
-                Ok(Some(bytes))
+        let follow = self.inner.follow_symlinks;
+        let file = match open_for_read(&path, follow) {
+            Ok(file) => file,
+            Err(error) if is_absent(&error) => return Ok(None),
+            Err(error) if is_link_refused(&error) => {
+                return Err(TierError::NotABlock {
+                    path: path.display().to_string(),
+                    what: "a symbolic link",
+                });
             }
-            Err(kind) => Err(TierError::Corrupt {
-                location: path.display().to_string(),
-                kind,
-            }),
+            Err(error) => return Err(TierError::io("open", &path, error)),
+        };
+        let metadata = file
+            .metadata()
+            .map_err(|error| TierError::io("stat", &path, error))?;
+        if !metadata.is_file() {
+            return Err(TierError::NotABlock {
+                path: path.display().to_string(),
+                what: kind_of(&metadata.file_type()),
+            });
         }
+        if !follow {
+            refuse_linked_shards(&path)?;
+        }
+        read_block(file, metadata.len(), self.inner.max_block_bytes, &path).map(Some)
     }
 
     /// Stores `payload` as the block for `key`, now, on this thread:
     /// written to a temporary file, then renamed into place.
     pub fn store(&self, key: &(impl BlockKey + ?Sized), payload: &[u8]) -> Result<(), TierError> {
-        let path = self.path_of(key);
-        let unique = self.inner.next_save.fetch_add(1, Ordering::Relaxed);
-        write_block(&path, unique, payload, self.inner.sync_data)
+        write_block(&self.inner, &self.path_of(key), payload)
     }
 
     /// Stores `payload` as the block for `key` on the tier's I/O threads;
@@ -186,15 +263,79 @@ impl FsTier {
         let path = self.path_of(key);
         let id = self.inner.next_save.fetch_add(1, Ordering::Relaxed);
         let (task, completer) = CompletionTask::new(());
-        let sync_data = self.inner.sync_data;
+        let inner = self.inner.clone();
         let job_path = path.clone();
         self.pool.submit(Box::new(move || {
-            match write_block(&job_path, id, &payload, sync_data) {
+            match write_block(&inner, &job_path, &payload) {
                 Ok(()) => completer.succeed(),
                 Err(error) => completer.fail(TaskError::Failed(Box::new(error))),
             }
         }));
         FsSaveTask { id, path, task }
+    }
+
+    /// Removes the temporary files of saves that never finished (a process
+    /// killed mid-save leaves one behind) last modified more than
+    /// `older_than` ago; returns how many it removed.
+    ///
+    /// A live save writes its temporary file and renames it within one
+    /// write, so its file is younger than any sensible `older_than` (an
+    /// hour, say; longer than the slowest save on a slow mount): a file that
+    /// old belongs to no live writer. If one did, its rename fails and its
+    /// save reports an error; no block is ever damaged. Only names of the
+    /// form `<block>.bin.<suffix>.tmp` in the shard directories are
+    /// touched, and links are not followed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvtier::FsTier;
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let tier = FsTier::open(root.path(), "ns")?;
+    /// assert_eq!(tier.sweep_temp(Duration::from_secs(3600))?, 0);
+    /// # Ok::<(), kvtier::TierError>(())
+    /// ```
+    pub fn sweep_temp(&self, older_than: Duration) -> Result<usize, TierError> {
+        let cutoff = SystemTime::now().checked_sub(older_than);
+        let mut removed = 0;
+        let mut dirs = vec![(self.inner.dir.clone(), 0)];
+        while let Some((dir, depth)) = dirs.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(error) if is_absent(&error) => continue,
+                Err(error) => return Err(TierError::io("list", &dir, error)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|error| TierError::io("list", &dir, error))?;
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                let path = entry.path();
+                if kind.is_dir() && depth < 2 {
+                    dirs.push((path, depth + 1));
+                    continue;
+                }
+                let name = entry.file_name();
+                if depth != 2 || !kind.is_file() || !is_temp_name(&name.to_string_lossy()) {
+                    continue;
+                }
+                let old = match (entry.metadata().and_then(|m| m.modified()), cutoff) {
+                    (Ok(modified), Some(cutoff)) => modified < cutoff,
+                    _ => false,
+                };
+                if old {
+                    match fs::remove_file(&path) {
+                        Ok(()) => removed += 1,
+                        Err(error) if is_absent(&error) => {} // renamed meanwhile
+                        Err(error) => return Err(TierError::io("remove", &path, error)),
+                    }
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, dir = %self.inner.dir.display(), "removed stray temporary files");
+        }
+        Ok(removed)
     }
 }
 
@@ -222,31 +363,242 @@ impl<'a> PathWriter<'a> {
     }
 }
 
-/// `stat` the final file: present and a regular file.
-fn exists(path: &Path) -> Result<bool, TierError> {
-    match fs::metadata(path) {
+/// `stat` the final file: present and a regular file. A symlink there is a
+/// miss unless links are followed.
+fn exists(path: &Path, follow: bool) -> Result<bool, TierError> {
+    let metadata = if follow {
+        fs::metadata(path)
+    } else {
+        fs::symlink_metadata(path)
+    };
+    match metadata {
         Ok(metadata) => Ok(metadata.is_file()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
-        // A shard "directory" that is a file: nothing can be stored below it.
-        Err(error) if error.kind() == io::ErrorKind::NotADirectory => Ok(false),
+        Err(error) if is_absent(&error) => Ok(false),
         Err(error) => Err(TierError::io("stat", path, error)),
     }
 }
 
-fn write_block(path: &Path, unique: u64, payload: &[u8], sync_data: bool) -> Result<(), TierError> {
-    let parent = path.parent().expect("block paths have a parent");
-    fs::create_dir_all(parent).map_err(|source| TierError::io("create", parent, source))?;
+/// Nothing there: not found, or a shard "directory" that is a file, below
+/// which nothing can be stored.
+fn is_absent(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
+}
+
+/// Whether the file name of a `/`-separated block path fits (see [`MAX_NAME`]).
+fn relative_name_fits(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|name| name.len() <= MAX_NAME)
+}
+
+/// Whether the block's file name fits (see [`MAX_NAME`]).
+fn name_fits(path: &Path) -> bool {
+    path.file_name().is_some_and(|name| name.len() <= MAX_NAME)
+}
+
+/// A temporary file of a save: `<hex>.bin.<suffix>.tmp`.
+fn is_temp_name(name: &str) -> bool {
+    name.ends_with(".tmp") && name.contains(".bin.")
+}
+
+/// Opens a block for reading without blocking (a FIFO opened for reading
+/// waits for a writer, unless opened non-blocking) and, unless links are
+/// followed, without following a link at the block's name.
+fn open_for_read(path: &Path, follow: bool) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+        options.custom_flags(libc::O_NONBLOCK | nofollow);
+    }
+    #[cfg(not(unix))]
+    let _ = follow;
+    options.open(path)
+}
+
+/// Whether an open failed because `O_NOFOLLOW` met a link.
+fn is_link_refused(error: &io::Error) -> bool {
+    #[cfg(unix)]
+    return error.raw_os_error() == Some(libc::ELOOP);
+    #[cfg(not(unix))]
+    return false;
+}
+
+/// What a non-regular file is, for errors.
+fn kind_of(kind: &fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses `path` if it is a symbolic link.
+fn refuse_link(path: &Path) -> Result<(), TierError> {
+    match fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => Err(TierError::NotABlock {
+            path: path.display().to_string(),
+            what: "a symbolic link",
+        }),
+        Ok(_) => Ok(()),
+        Err(error) => Err(TierError::io("stat", path, error)),
+    }
+}
+
+/// Refuses a block path whose two shard directories are symbolic links:
+/// the block would be read or written outside the root.
+fn refuse_linked_shards(path: &Path) -> Result<(), TierError> {
+    let shard = path.parent().expect("block paths have a shard directory");
+    let top = shard.parent().expect("shard directories have a parent");
+    refuse_link(top)?;
+    refuse_link(shard)
+}
+
+/// Reads the block in `file` (of `size` bytes): the header first, then at
+/// most the payload it promises, and only once the promise is within
+/// `limit` and agrees with the size.
+fn read_block(file: File, size: u64, limit: u64, path: &Path) -> Result<Vec<u8>, TierError> {
+    let corrupt = |kind| TierError::Corrupt {
+        location: path.display().to_string(),
+        kind,
+    };
+    let read_error = |error| TierError::io("read", path, error);
+    let mut file = file;
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match file.read(&mut header[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(read_error(error)),
+        }
+    }
+    if got < HEADER_LEN {
+        return Err(corrupt(match format::decode(&header[..got]) {
+            Err(kind) => kind,
+            Ok(_) => Corruption::Truncated {
+                expected: HEADER_LEN as u64,
+                found: got as u64,
+            },
+        }));
+    }
+    let length = format::payload_length(&header).map_err(corrupt)?;
+    if length > limit {
+        return Err(corrupt(Corruption::TooLarge { length, limit }));
+    }
+    let expected = HEADER_LEN as u64 + length;
+    if size < expected {
+        return Err(corrupt(Corruption::Truncated {
+            expected,
+            found: size,
+        }));
+    }
+    if size > expected {
+        return Err(corrupt(Corruption::Trailing {
+            extra: size - expected,
+        }));
+    }
+    let mut block = Vec::with_capacity(expected as usize);
+    block.extend_from_slice(&header);
+    // One byte more than promised: a file that grew since its size was
+    // read shows as trailing bytes instead of being read to its end.
+    file.take(length + 1)
+        .read_to_end(&mut block)
+        .map_err(read_error)?;
+    match format::decode(&block) {
+        Ok(_) => {
+            block.drain(..HEADER_LEN);
+            Ok(block)
+        }
+        Err(kind) => Err(corrupt(kind)),
+    }
+}
+
+/// A suffix no other temporary name of this or another process (in this or
+/// another PID namespace, on this or another host of a shared mount) is
+/// likely to have: 64 bits from std's randomly keyed hasher over a
+/// process-unique counter. Creation is exclusive too, so a collision is
+/// retried, never shared.
+fn temp_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(crate::sync::unique_id());
+    hasher.finish()
+}
+
+/// Creates a new temporary file next to `path`, exclusively.
+fn create_temp(path: &Path, name: &str) -> Result<(File, PathBuf), TierError> {
+    let mut last_error = None;
+    for _ in 0..8 {
+        let tmp = path.with_file_name(format!("{name}.{:016x}.tmp", temp_suffix()));
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NOFOLLOW);
+        }
+        match options.open(&tmp) {
+            Ok(file) => return Ok((file, tmp)),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last_error = Some(error),
+            Err(error) => return Err(TierError::io("create", &tmp, error)),
+        }
+    }
+    let error = last_error.expect("eight attempts failed");
+    Err(TierError::io("create a temporary file for", path, error))
+}
+
+fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierError> {
     let name = path
         .file_name()
         .expect("block paths have a name")
         .to_string_lossy();
-    let tmp = path.with_file_name(format!("{name}.{}-{unique}.tmp", std::process::id()));
+    if name.len() > MAX_NAME {
+        return Err(TierError::KeyTooLong {
+            name: name.chars().take(16).collect(),
+            length: name.len(),
+            limit: MAX_NAME,
+        });
+    }
+    if payload.len() as u64 > inner.max_block_bytes {
+        return Err(TierError::Config(format!(
+            "a {}-byte block is above the tier's {}-byte limit (FsOptions::max_block_bytes)",
+            payload.len(),
+            inner.max_block_bytes
+        )));
+    }
+    let parent = path.parent().expect("block paths have a parent");
+    fs::create_dir_all(parent).map_err(|source| TierError::io("create", parent, source))?;
+    if !inner.follow_symlinks {
+        refuse_linked_shards(path)?;
+    }
+    let (mut file, tmp) = create_temp(path, &name)?;
     let written = (|| {
-        let mut file = File::create(&tmp)?;
         // Header and payload written separately: the payload is not copied.
         file.write_all(&format::header(payload))?;
         file.write_all(payload)?;
-        if sync_data {
+        if inner.sync_data {
             file.sync_data()?;
         }
         drop(file);
@@ -301,11 +653,15 @@ impl<K: BlockKey, R> LookupBackend<K, R> for FsTier {
     fn batch_lookup(&mut self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
         let mut paths = PathWriter::new(&self.inner.dir);
         let mut name = String::new();
+        let follow = self.inner.follow_symlinks;
         keys.iter()
             .map(|key| {
                 name.clear();
                 push_block_path(key, &mut name);
-                exists(paths.below(&name))
+                if !relative_name_fits(&name) {
+                    return Ok(false); // only this key: no such block can exist
+                }
+                exists(paths.below(&name), follow)
             })
             .collect()
     }
@@ -338,7 +694,10 @@ where
                 .map(|&end| {
                     let name = &names[start..end];
                     start = end;
-                    exists(paths.below(name))
+                    if !relative_name_fits(name) {
+                        return Ok(false);
+                    }
+                    exists(paths.below(name), inner.follow_symlinks)
                 })
                 .collect()
         })

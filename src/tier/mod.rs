@@ -7,7 +7,7 @@
 //! length and CRC-32), answer lookup groups for the drivers, and hand out
 //! save tasks for the [`SaveTracker`](crate::SaveTracker).
 
-mod format;
+pub(crate) mod format;
 #[cfg(feature = "fs")]
 mod fs;
 mod key;
@@ -63,6 +63,25 @@ pub enum TierError {
         /// The store's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// What is at a block's path is not a regular file (a FIFO, a device, a
+    /// directory) or is a symbolic link the tier does not follow.
+    #[error("{path} is {what}, not a block file")]
+    NotABlock {
+        /// The path.
+        path: String,
+        /// What is there instead.
+        what: &'static str,
+    },
+    /// A key whose block name would not fit a file name.
+    #[error("key {name:.16}... names a {length}-character block file; at most {limit} fit")]
+    KeyTooLong {
+        /// The start of the block's name.
+        name: String,
+        /// Characters of the name.
+        length: usize,
+        /// The longest name the tier writes.
+        limit: usize,
     },
     /// Stored bytes are not a whole, intact block.
     #[error("block {location} is damaged: {kind}")]

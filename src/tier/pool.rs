@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::fault::panic_message;
+use crate::fault::{drop_payload, take_panic};
 use crate::sync::{Condvar, Mutex, thread};
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -71,7 +71,7 @@ fn serve(shared: &Shared) {
         // A job's completer reports a panic as an abandoned task when it is
         // dropped during the unwind; the thread keeps serving.
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
-            tracing::error!(panic = %panic_message(payload.as_ref()), "I/O job panicked");
+            tracing::error!(panic = %take_panic(payload), "I/O job panicked");
         }
     }
 }
@@ -81,7 +81,9 @@ impl Drop for IoPool {
         self.shared.queue.lock().closing = true;
         self.shared.ready.notify_all();
         for handle in self.threads.drain(..) {
-            let _ = handle.join();
+            if let Err(payload) = handle.join() {
+                drop_payload(payload);
+            }
         }
     }
 }
