@@ -462,6 +462,51 @@ MUTATIONS = [
           "            .all(|_| true)")],
         TEST + ["-p", "kvtier", "--lib", "tier::object"],
     ),
+    Mutation(
+        "F5-load-checks-the-promised-length",
+        "a load reads whatever length a block's header promises, past max_block_bytes",
+        "src/tier/fs.rs",
+        [("    if length > limit {", "    if false {")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "a_load_is_bounded"],
+    ),
+    Mutation(
+        "F6-store-refuses-linked-shards",
+        "a store writes through a shard directory linked outside the root",
+        "src/tier/fs.rs",
+        [("    if !inner.follow_symlinks {\n        refuse_linked_shards(path)?;",
+          "    if false {\n        refuse_linked_shards(path)?;")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "symlinks_below_the_root"],
+    ),
+    Mutation(
+        "F7-a-long-key-fails-alone",
+        "a key too long for a file name is stat'ed, and its error fails the whole group",
+        "src/tier/fs.rs",
+        [("                if !relative_name_fits(&name) {", "                if false {")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "a_key_too_long"],
+    ),
+    Mutation(
+        "F8-endpoint-has-no-query",
+        "an endpoint with a query is accepted (every HEAD of a block becomes a HEAD of the bucket)",
+        "src/tier/s3.rs",
+        [("    if parsed.query().is_some() {", "    if false {")],
+        TEST + ["-p", "kvtier", "--lib", "tier::s3"],
+    ),
+    Mutation(
+        "F8-endpoint-is-canonical",
+        "an endpoint the URL parser rewrites is accepted as written (object_store then panics on it)",
+        "src/tier/s3.rs",
+        [("    if parsed.as_str().trim_end_matches('/') != endpoint.trim_end_matches('/') {",
+          "    if false {")],
+        TEST + ["-p", "kvtier", "--lib", "tier::s3"],
+    ),
+    Mutation(
+        "S9-poll-never-waits",
+        "a poll waits for a task whose check panicked",
+        "src/save/tracker.rs",
+        [("                    let message = take_panic(payload);",
+          "                    let message = take_panic(payload);\n                    done.push(id);")],
+        TEST + ["-p", "kvtier", "--test", "save", "a_panicking_check_never"],
+    ),
 ]
 
 

@@ -394,6 +394,17 @@ fn failed_timed_out_and_panicking_saves_are_counted_and_still_reported_once() {
         }
         store.complete_all();
         let mut reported = worker.get_finished(&requests);
+        if mode == CompletionMode::NonBlocking {
+            // A task whose check panics is never waited by a non-blocking
+            // call: its request is reported once a wait is allowed.
+            assert_eq!(worker.deferred_requests(), [4], "{mode:?}");
+            assert_eq!(worker.running_tasks(), 1);
+            assert!(
+                worker.get_finished(&[]).is_empty(),
+                "checked again, not waited"
+            );
+            reported.extend(worker.wait_all());
+        }
         reported.sort_unstable();
         assert_eq!(reported, requests, "{mode:?}");
         let stats = worker.stats();
@@ -407,7 +418,7 @@ fn failed_timed_out_and_panicking_saves_are_counted_and_still_reported_once() {
         };
         assert_eq!(
             stats.task_panics, panics,
-            "{mode:?}: in wait, and in check unless blocking"
+            "{mode:?}: in wait, and in check (once, however often checked) unless blocking"
         );
         assert_eq!(stats.reported, 4, "{mode:?}");
         assert!(store.every_handle_released_once(), "{mode:?}");
@@ -866,4 +877,51 @@ fn multi_connectors_compose_the_crates_own_halves_and_boxed_connectors() {
     );
     assert_eq!(schedulers.finished_sending(reports).free, vec![2, 1]);
     assert_eq!(schedulers.outstanding(), 0);
+}
+
+/// A save whose `check` panics and whose `wait` blocks until its I/O ends.
+struct CheckPanicsWaitBlocks {
+    io_done: std::sync::mpsc::Receiver<()>,
+}
+
+impl StoreTask for CheckPanicsWaitBlocks {
+    fn check(&self) -> bool {
+        panic!("the device event's status call broke");
+    }
+
+    fn wait(self) -> Result<(), TaskError> {
+        // Bounded only so that a tracker which wrongly waits fails the test
+        // instead of hanging it.
+        match self
+            .io_done
+            .recv_timeout(std::time::Duration::from_secs(10))
+        {
+            Ok(()) => Ok(()),
+            Err(_) => Err(TaskError::TimedOut),
+        }
+    }
+}
+
+/// A non-blocking `get_finished` never waits, even for a task whose check
+/// panics (nothing then says whether its I/O is over): the request stays
+/// deferred, and the wait happens where waiting is the caller's choice.
+#[test]
+fn a_panicking_check_never_makes_a_non_blocking_call_wait() {
+    let (end_io, io_done) = std::sync::mpsc::channel();
+    let mut scheduler = SaveScheduler::new();
+    let mut worker: SaveTracker<u64, CheckPanicsWaitBlocks> = SaveTracker::new();
+    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    worker.submit(CheckPanicsWaitBlocks { io_done }, &[1]);
+    assert!(scheduler.request_finished(&1));
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        assert!(worker.get_finished(&[1]).is_empty());
+    }
+    // The wait blocks until end_io is sent, which happens only after these
+    // calls returned: a call that waited would take its 10 s timeout.
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(worker.stats().task_panics, 1, "counted once");
+    end_io.send(()).unwrap();
+    assert_eq!(worker.wait_all(), [1]);
+    worker.check_invariants().unwrap();
 }

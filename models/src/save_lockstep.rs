@@ -286,9 +286,34 @@ impl SaveLockstep {
     fn get_finished(&mut self, w: usize, finished: &[Rid]) -> Result<(), String> {
         let reported = self.workers[w].get_finished(finished);
         let expected = self.specs[w].get_finished(finished);
+        self.take_reports(
+            w,
+            &format!("get_finished({finished:?})"),
+            reported,
+            expected,
+        )
+    }
+
+    /// A worker's orderly shutdown: it waits for every task (a task whose
+    /// check panics is only ever waited, never reaped) and reports.
+    fn wait_all(&mut self, w: usize) -> Result<(), String> {
+        let reported = self.workers[w].wait_all();
+        let expected = self.specs[w].wait_all();
+        self.take_reports(w, "wait_all()", reported, expected)
+    }
+
+    /// Compares a worker's reports with the specification's and hands them
+    /// to the aggregator, checking S1-S3.
+    fn take_reports(
+        &mut self,
+        w: usize,
+        call: &str,
+        reported: Vec<Rid>,
+        expected: Vec<Rid>,
+    ) -> Result<(), String> {
         if reported != expected {
             return Err(format!(
-                "worker {w} get_finished({finished:?}): {reported:?}, specification {expected:?}"
+                "worker {w} {call}: {reported:?}, specification {expected:?}"
             ));
         }
         // S1: nothing reads a reported request's blocks.
@@ -424,7 +449,7 @@ impl SaveLockstep {
     }
 
     /// Ends the run: every live request finishes, every I/O ends, every
-    /// worker reports. Then every delayed request must have been freed once
+    /// worker reports, then shuts down (`wait_all`). Then every delayed request must have been freed once
     /// per worker (S2), every task waited and every handle released exactly
     /// once (S4), and nothing may remain.
     pub fn finish_run(&mut self) -> Result<(), String> {
@@ -437,6 +462,7 @@ impl SaveLockstep {
         }
         for w in 0..self.workers.len() {
             self.get_finished(w, &[])?;
+            self.wait_all(w)?;
         }
         self.compare()?;
         if !self.owed.is_empty() {

@@ -58,6 +58,8 @@ pub struct SpecTask {
     pub ending: Ending,
     /// Whether the store's I/O has ended (a check would say complete).
     pub io_done: bool,
+    /// Whether a check of it panicked already (counted once).
+    pub check_panicked: bool,
 }
 
 /// One worker's tracker.
@@ -127,6 +129,7 @@ impl WorkerSpec {
                 requests: members,
                 ending,
                 io_done: false,
+                check_panicked: false,
             },
         );
         id
@@ -144,16 +147,20 @@ impl WorkerSpec {
         }
     }
 
-    /// Reaps the tasks a check finds complete (a check that panics means
-    /// the task is waited); returns how many were reaped.
+    /// Reaps the tasks a check finds complete; returns how many were
+    /// reaped. A poll never waits: a task whose check panics stays running
+    /// (its first panic counted), until a fence, `wait_all` or a blocking
+    /// `get_finished` waits for it.
     pub fn poll(&mut self) -> usize {
         let ids: Vec<u64> = self.tasks.keys().copied().collect();
         let mut reaped = 0;
         for id in ids {
-            let task = &self.tasks[&id];
+            let task = self.tasks.get_mut(&id).expect("a running task");
             if task.ending == Ending::PanicsInCheck {
-                self.stats.task_panics += 1;
-                self.close(id, Left::Waited);
+                if !task.check_panicked {
+                    task.check_panicked = true;
+                    self.stats.task_panics += 1;
+                }
             } else if task.io_done {
                 self.close(id, Left::Reaped);
                 reaped += 1;

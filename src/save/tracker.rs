@@ -76,10 +76,10 @@ pub struct SaveTracker<R, T> {
     ledger: SaveLedger<R>,
     /// Ordered, so `poll` checks tasks in id order: deterministic, which
     /// the model checkers need (they replay schedules), and no sort.
-    tasks: BTreeMap<TaskId, T>,
+    tasks: BTreeMap<TaskId, Running<T>>,
     mode: CompletionMode,
     /// `poll`'s list of tasks to close, kept for its allocation.
-    done: Vec<(TaskId, Closed)>,
+    done: Vec<TaskId>,
 }
 
 impl<R, T> Default for SaveTracker<R, T>
@@ -128,7 +128,13 @@ where
     /// waited for by a fence or a blocking `get_finished`.
     pub fn submit(&mut self, task: T, requests: &[R]) -> TaskId {
         let id = self.ledger.open_task(requests);
-        self.tasks.insert(id, task);
+        self.tasks.insert(
+            id,
+            Running {
+                task,
+                check_panicked: false,
+            },
+        );
         id
     }
 
@@ -146,24 +152,28 @@ where
         // Checked in place (no copy of the running set), in ascending id
         // order, and closed afterwards in the same order.
         let mut done = mem::take(&mut self.done);
-        for (&id, task) in &self.tasks {
-            match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
+        for (&id, running) in &mut self.tasks {
+            match panic::catch_unwind(AssertUnwindSafe(|| running.task.check())) {
                 Ok(false) => {}
-                Ok(true) => done.push((id, Closed::Reaped)),
+                Ok(true) => done.push(id),
                 Err(payload) => {
-                    // Nothing says whether the I/O is over: wait for it.
-                    self.ledger.check_panicked();
-                    tracing::error!(task = %id, panic = %take_panic(payload), "a save task's check panicked; waiting for it");
-                    done.push((id, Closed::Waited));
+                    // Nothing says whether the I/O is over, and a poll never
+                    // waits: the task stays running, is checked again by
+                    // later polls, and is waited by the next fence,
+                    // wait_all or blocking get_finished. Counted and logged
+                    // once per task.
+                    let message = take_panic(payload);
+                    if !running.check_panicked {
+                        running.check_panicked = true;
+                        self.ledger.check_panicked();
+                        tracing::error!(task = %id, panic = %message, "a save task's check panicked; it stays running until a check succeeds or a fence or wait_all waits for it");
+                    }
                 }
             }
         }
-        let reaped = done
-            .iter()
-            .filter(|(_, how)| *how == Closed::Reaped)
-            .count();
-        for (id, how) in done.drain(..) {
-            self.close(id, how);
+        let reaped = done.len();
+        for id in done.drain(..) {
+            self.close(id, Closed::Reaped);
         }
         self.done = done;
         reaped
@@ -277,7 +287,7 @@ where
     /// Waits for (or, after a complete check, reaps) one task and closes it:
     /// the task value is consumed by `wait`, which releases its handle.
     fn close(&mut self, id: TaskId, how: Closed) {
-        let Some(task) = self.tasks.remove(&id) else {
+        let Some(Running { task, .. }) = self.tasks.remove(&id) else {
             unreachable!("S4: {id} is running in the ledger but its task value is gone");
         };
         let closed = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
@@ -294,6 +304,14 @@ where
         };
         debug_assert!(closed, "S4: {id} closed twice");
     }
+}
+
+/// A submitted task the tracker holds until it is reaped or waited.
+#[derive(Debug)]
+struct Running<T> {
+    task: T,
+    /// Its `check` panicked once (counted and logged then, not again).
+    check_panicked: bool,
 }
 
 impl<R, T> Drop for SaveTracker<R, T> {
@@ -339,7 +357,13 @@ mod tests {
         let id = tracker.submit(Ends(Ok(())), &[1]);
         tracker.check_invariants().unwrap();
         // A task value without a running entry in the ledger.
-        tracker.tasks.insert(TaskId(99), Ends(Ok(())));
+        tracker.tasks.insert(
+            TaskId(99),
+            Running {
+                task: Ends(Ok(())),
+                check_panicked: false,
+            },
+        );
         let why = tracker.check_invariants().unwrap_err();
         assert!(why.contains("2 task values held for 1 running"), "{why}");
         // A running entry whose task value is gone.
@@ -404,11 +428,16 @@ mod tests {
         tracker.begin_step(&SaveScheduler::new().record_step([(1u64, 1)]));
         tracker.submit(Panics, &[1]);
         let (reported, log) = logged(|| tracker.get_finished(&[1]));
-        assert_eq!(reported, vec![1]);
+        assert!(reported.is_empty(), "a non-blocking call never waits");
         assert!(
             log.contains("ERROR") && log.contains("check exploded"),
             "{log}"
         );
+        let (reported, log) = logged(|| tracker.get_finished(&[]));
+        assert!(reported.is_empty());
+        assert!(!log.contains("check exploded"), "logged once: {log}");
+        let (reported, log) = logged(|| tracker.wait_all());
+        assert_eq!(reported, vec![1]);
         assert!(log.contains("wait exploded"), "{log}");
         assert_eq!(tracker.stats().task_panics, 2);
     }

@@ -293,7 +293,7 @@ impl FsTier {
     /// let root = tempfile::tempdir()?;
     /// let tier = FsTier::open(root.path(), "ns")?;
     /// assert_eq!(tier.sweep_temp(Duration::from_secs(3600))?, 0);
-    /// # Ok::<(), kvtier::TierError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep_temp(&self, older_than: Duration) -> Result<usize, TierError> {
         let cutoff = SystemTime::now().checked_sub(older_than);
