@@ -925,3 +925,40 @@ fn a_panicking_check_never_makes_a_non_blocking_call_wait() {
     assert_eq!(worker.wait_all(), [1]);
     worker.check_invariants().unwrap();
 }
+
+thread_local! {
+    static COMPARISONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A request id that counts how often it is compared.
+#[derive(Clone, Debug, Hash)]
+struct Counted(u64);
+
+impl PartialEq for Counted {
+    fn eq(&self, other: &Self) -> bool {
+        COMPARISONS.with(|count| count.set(count.get() + 1));
+        self.0 == other.0
+    }
+}
+
+impl Eq for Counted {}
+
+/// Recording a step of n requests compares ids O(n) times, not O(n^2):
+/// a step with 10^5 saving requests must not stall the scheduler.
+#[test]
+fn recording_a_large_step_is_linear_in_its_requests() {
+    let n = 20_000u64;
+    let mut scheduler = SaveScheduler::new();
+    // Every request listed twice, the duplicates at the end.
+    let saves = (0..n).chain(0..n).map(|r| (Counted(r), 1));
+    COMPARISONS.with(|count| count.set(0));
+    let step = scheduler.record_step(saves);
+    let comparisons = COMPARISONS.with(|count| count.get());
+    assert_eq!(step.requests().len(), n as usize);
+    assert!(
+        comparisons < 8 * n,
+        "{comparisons} comparisons for {} listed requests",
+        2 * n
+    );
+    assert_eq!(scheduler.delayed_count(), n as usize);
+}

@@ -33,6 +33,18 @@ const NO_EPOCH: u64 = u64::MAX;
 /// request up to this many keys (so one huge request does not pin memory).
 const REUSE_KEYS: usize = 4096;
 
+/// Free slots (and maps' spare capacity, in entries) kept however sparse
+/// the table is: below this, nothing is shrunk.
+const SPARE_SLOTS: usize = 1024;
+
+/// Shrinks `map` to twice its contents once at most an eighth of its
+/// capacity is used (see [`LookupTable::shrink_if_sparse`]).
+fn shrink_map<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > SPARE_SLOTS && map.len() * 8 < map.capacity() {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
 /// One key's lookup state.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -89,13 +101,39 @@ impl Entry {
 struct Overflow {
     lists: Vec<Vec<u32>>,
     free: Vec<u32>,
+    /// For each list longer than [`INDEX_ABOVE`]: the position of every slot
+    /// in it, so linking and unlinking a key shared by very many requests
+    /// (10^5 share a system prompt) are O(1) each instead of a scan. Short
+    /// lists, the common case, are scanned in place.
+    positions: HashMap<u32, HashMap<u32, u32>>,
 }
+
+/// Lists longer than this are indexed (see [`Overflow::positions`]).
+const INDEX_ABOVE: usize = 256;
 
 impl Overflow {
     #[inline]
     fn holds(&self, entry: Entry, slot: u32) -> bool {
-        entry.first == slot
-            || (entry.more != NONE && self.lists[entry.more as usize].contains(&slot))
+        entry.first == slot || (entry.more != NONE && self.list_holds(entry.more, slot))
+    }
+
+    #[inline]
+    fn list_holds(&self, more: u32, slot: u32) -> bool {
+        let list = &self.lists[more as usize];
+        if list.len() <= INDEX_ABOVE {
+            list.contains(&slot)
+        } else {
+            self.indexed_holds(more, slot)
+        }
+    }
+
+    /// Out of line, so the scheduler's lookup inlines only the short scan.
+    #[cold]
+    #[inline(never)]
+    fn indexed_holds(&self, more: u32, slot: u32) -> bool {
+        self.positions
+            .get(&more)
+            .is_some_and(|index| index.contains_key(&slot))
     }
 
     fn count(&self, entry: Entry) -> usize {
@@ -121,7 +159,16 @@ impl Overflow {
                 }
             };
         }
-        self.lists[entry.more as usize].push(slot);
+        let list = &mut self.lists[entry.more as usize];
+        list.push(slot);
+        if list.len() > INDEX_ABOVE {
+            let index = self.positions.entry(entry.more).or_default();
+            if index.is_empty() {
+                index.extend(list.iter().enumerate().map(|(at, &s)| (s, at as u32)));
+            } else {
+                index.insert(slot, (list.len() - 1) as u32);
+            }
+        }
     }
 
     /// Removes `slot` from the entry's requesters, if it is one.
@@ -132,15 +179,34 @@ impl Overflow {
             }
             return;
         }
-        let list = &mut self.lists[entry.more as usize];
+        let more = entry.more;
+        let list = &mut self.lists[more as usize];
+        let index = self.positions.get_mut(&more);
         if entry.first == slot {
             // The list is never empty while it is attached.
             entry.first = list.pop().unwrap_or(NONE);
-        } else if let Some(position) = list.iter().position(|&s| s == slot) {
-            list.swap_remove(position);
+            if let Some(index) = index {
+                index.remove(&entry.first);
+            }
+        } else {
+            let position = match index {
+                Some(index) => index.remove(&slot).map(|at| at as usize),
+                None => list.iter().position(|&s| s == slot),
+            };
+            if let Some(position) = position {
+                list.swap_remove(position);
+                if let (Some(&moved), Some(index)) =
+                    (list.get(position), self.positions.get_mut(&more))
+                {
+                    index.insert(moved, position as u32);
+                }
+            }
+        }
+        if list.len() <= INDEX_ABOVE {
+            self.positions.remove(&more);
         }
         if list.is_empty() {
-            self.free.push(entry.more);
+            self.free.push(more);
             entry.more = NONE;
         }
     }
@@ -155,6 +221,35 @@ impl Overflow {
             slots.extend(&self.lists[entry.more as usize]);
         }
         slots
+    }
+
+    /// Every index agrees with its list, and exactly the long lists have one.
+    fn check_positions(&self) -> Result<(), String> {
+        for (more, list) in self.lists.iter().enumerate() {
+            let index = self.positions.get(&(more as u32));
+            match index {
+                None if list.len() > INDEX_ABOVE => {
+                    return Err(format!(
+                        "requester list {more} of {} is not indexed",
+                        list.len()
+                    ));
+                }
+                Some(_) if list.len() <= INDEX_ABOVE => {
+                    return Err(format!("short requester list {more} is indexed"));
+                }
+                Some(index)
+                    if index.len() != list.len()
+                        || list
+                            .iter()
+                            .enumerate()
+                            .any(|(at, slot)| index.get(slot) != Some(&(at as u32))) =>
+                {
+                    return Err(format!("requester list {more}'s index disagrees with it"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -238,6 +333,9 @@ pub struct LookupTable<K, R: Request> {
     slot_of: HashMap<R::Id, u32>,
     slots: Vec<Slot<K, R::Id>>,
     free_slots: Vec<u32>,
+    /// Half the live requests at the last compaction (or since): the next
+    /// one waits until fewer are live (see [`LookupTable::shrink_if_sparse`]).
+    compact_below: usize,
     /// The slot of the last request that called `lookup`: a scheduler asks
     /// about one request's keys in a row, so this saves hashing the id.
     last_slot: u32,
@@ -272,6 +370,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             slot_of: HashMap::new(),
             slots: Vec::new(),
             free_slots: Vec::new(),
+            compact_below: 0,
             last_slot: NONE,
             overflow: Overflow::default(),
             batch: Vec::new(),
@@ -615,10 +714,51 @@ where
                 }
             }
         }
-        if keys.capacity() <= REUSE_KEYS {
+        // A free slot keeps its key list's allocation for the next request,
+        // but only while free slots are not many more than live ones.
+        if keys.capacity() <= REUSE_KEYS
+            && self.free_slots.len() <= self.slot_of.len() + SPARE_SLOTS
+        {
             self.slots[slot as usize].keys = keys;
         }
         self.free_slots.push(slot);
+        self.shrink_if_sparse();
+    }
+
+    /// Gives memory back after large cleanups, amortised. The maps shrink to
+    /// twice their contents once at most an eighth of their capacity is
+    /// used (not sooner: a map that breathes with the steps is not resized
+    /// back and forth): each shrink costs what the cleanups since the last
+    /// one removed.
+    /// The slots are compacted (trailing free slots dropped, the other free
+    /// slots' key lists released) once at most a quarter of them is live and
+    /// the live count has halved since the last compaction, or dropped to
+    /// zero: a few compactions per wave of requests, however large.
+    fn shrink_if_sparse(&mut self) {
+        shrink_map(&mut self.states);
+        shrink_map(&mut self.slot_of);
+        let live = self.slot_of.len();
+        self.compact_below = self.compact_below.max(live / 2);
+        let sparse = self.slots.len() > SPARE_SLOTS && live * 4 < self.slots.len();
+        if !sparse || (live >= self.compact_below && live > 0) {
+            return;
+        }
+        while self.slots.last().is_some_and(|slot| slot.id.is_none()) {
+            self.slots.pop();
+        }
+        self.slots.shrink_to_fit();
+        self.free_slots.clear();
+        // Lowest first out, so the slots at the end stay free and go at the
+        // next compaction.
+        for (index, slot) in self.slots.iter_mut().enumerate().rev() {
+            if slot.id.is_none() {
+                slot.keys = Vec::new();
+                self.free_slots.push(index as u32);
+            }
+        }
+        self.free_slots.shrink_to_fit();
+        self.batch_groups.shrink_to(self.batch_groups.len());
+        self.compact_below = live / 2;
     }
 
     /// Starts (or stops) recording which groups are applied, in order, with
@@ -723,10 +863,23 @@ where
             }
             links += requesters.len();
         }
+        self.overflow.check_positions()?;
         let reverse_links: usize = self.slots.iter().map(|s| s.keys.len()).sum();
         if links != reverse_links {
             return Err(format!(
                 "{links} requester links but {reverse_links} reverse-index links (a duplicate)"
+            ));
+        }
+        if self.free_slots.len() + live != self.slots.len()
+            || self
+                .free_slots
+                .iter()
+                .any(|&free| self.slots.get(free as usize).is_none_or(|s| s.id.is_some()))
+        {
+            return Err(format!(
+                "{} free slots listed for {} slots with {live} live: a slot leaked or is listed twice",
+                self.free_slots.len(),
+                self.slots.len()
             ));
         }
         Ok(())
@@ -886,6 +1039,10 @@ mod tests {
         expect(&table, "not indexed at its slot");
 
         let mut table = populated();
+        table.free_slots.push(0);
+        expect(&table, "a slot leaked or is listed twice");
+
+        let mut table = populated();
         table.slot_of.insert(9, 0);
         expect(&table, "indexed request ids");
 
@@ -924,5 +1081,89 @@ mod tests {
             "pending, not in flight: removed"
         );
         assert!(table.is_empty());
+    }
+
+    /// Compaction after a large cleanup keeps every live request's slot and
+    /// every in-flight state, and slots are reused afterwards.
+    #[test]
+    fn compaction_after_a_large_cleanup_keeps_live_requests_and_probes_in_flight() {
+        let mut table = LookupTable::<u64, u64>::new();
+        let requests = 3 * SPARE_SLOTS as u64;
+        for request in 0..requests {
+            table.lookup(&request, &request);
+            table.lookup(&(request % 7 + 1_000_000), &request); // shared
+        }
+        let submission = table.take_submission().unwrap();
+        let slots_before = table.slots.len();
+        // Keep every 100th request, and the last one (the highest slot).
+        for request in (0..requests).filter(|r| r % 100 != 0 && *r != requests - 1) {
+            table.cleanup(&request);
+        }
+        assert!(table.slots.len() <= slots_before);
+        assert!(
+            table.free_slots.len() < slots_before,
+            "compacted: {} free of {}",
+            table.free_slots.len(),
+            table.slots.len()
+        );
+        table.check_invariants().unwrap();
+        // New requests reuse free slots; answers reach live and orphaned states.
+        for request in requests..requests + 50 {
+            table.lookup(&request, &request);
+        }
+        for group in submission.into_groups() {
+            let answers = vec![true; group.len()];
+            table.apply(group.answered(answers));
+        }
+        table.check_invariants().unwrap();
+        assert!(table.lookup(&0, &0).is_hit());
+        assert!(table.lookup(&(requests - 1), &(requests - 1)).is_hit());
+        for request in (0..requests + 50).filter(|r| r % 100 == 0 || *r >= requests - 1) {
+            table.cleanup(&request);
+        }
+        if let Some(submission) = table.take_submission() {
+            for group in submission.into_groups() {
+                table.apply(group.failed());
+            }
+        }
+        table.check_invariants().unwrap();
+        assert!(table.is_empty(), "{} keys left", table.len());
+        assert!(
+            table.slots.len() <= SPARE_SLOTS,
+            "{} slots kept for no live request",
+            table.slots.len()
+        );
+        assert_eq!(table.stats().anomalies, 0);
+    }
+
+    /// A key shared by very many requests indexes its requesters: each
+    /// link and unlink is a hash operation, not a scan of the others.
+    #[test]
+    fn a_key_shared_by_many_requests_links_and_unlinks_without_scans() {
+        let mut table = LookupTable::<u64, u64>::new();
+        let requests = 10_000u64;
+        for request in 0..requests {
+            table.lookup(&5, &request);
+        }
+        let entry = table.states[&5];
+        assert_eq!(
+            table.overflow.positions[&entry.more].len(),
+            requests as usize - 1
+        );
+        assert_eq!(table.key_state(&5).unwrap().requesters, requests as usize);
+        table.check_invariants().unwrap();
+        // Out of order, so positions move under the index.
+        for request in (0..requests).filter(|r| r % 3 == 0) {
+            table.cleanup(&request);
+        }
+        table.check_invariants().unwrap();
+        for request in (0..requests).filter(|r| r % 3 != 0) {
+            table.cleanup(&request);
+        }
+        assert!(table.is_empty());
+        assert!(
+            table.overflow.positions.is_empty(),
+            "indexes go with their lists"
+        );
     }
 }

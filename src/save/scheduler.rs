@@ -1,7 +1,8 @@
 //! The scheduler-side half: which finished requests delay their free.
 
-use hashbrown::HashSet;
+use hashbrown::{DefaultHashBuilder, HashSet, HashTable};
 use std::fmt::Debug;
+use std::hash::BuildHasher;
 use std::hash::Hash;
 
 /// The saving requests of one step, as the scheduler recorded them: the
@@ -95,11 +96,20 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
         let step = self.next_step;
         self.next_step += 1;
         self.stats.steps += 1;
-        let mut requests = Vec::new();
+        let mut requests: Vec<R> = Vec::new();
+        // This step's requests, indexed by position in `requests` (no copy
+        // of an id): a duplicate is found in O(1), however long the step.
+        let hasher = DefaultHashBuilder::default();
+        let mut listed: HashTable<usize> = HashTable::new();
         for (request, blocks) in saves {
-            if blocks == 0 || requests.contains(&request) {
+            if blocks == 0 {
                 continue;
             }
+            let hash = hasher.hash_one(&request);
+            if listed.find(hash, |&i| requests[i] == request).is_some() {
+                continue;
+            }
+            listed.insert_unique(hash, requests.len(), |&i| hasher.hash_one(&requests[i]));
             if self.delayed.insert(request.clone()) {
                 self.stats.recorded += 1;
             }
