@@ -144,7 +144,8 @@ impl Case {
         self
     }
 
-    fn run(&self) {
+    /// Runs the case; `Err` says how the outcome differed from the expected one.
+    fn run(&self) -> Result<(), String> {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvtier"));
         command
             .args(&self.args)
@@ -161,25 +162,21 @@ impl Case {
         }
         let output = command.output().expect("run kvtier");
         let stderr = text(&output.stderr);
-        assert_eq!(
-            output.status.code(),
-            Some(self.code),
-            "{:?} {:?}: {stderr}",
-            self.args,
-            self.env
-        );
-        assert!(
-            stderr.contains(self.message),
-            "{:?} {:?}: expected {:?} in {stderr}",
-            self.args,
-            self.env,
-            self.message
-        );
-        assert!(
-            !stderr.contains("panicked"),
-            "{:?}: a panic reached the user: {stderr}",
-            self.args
-        );
+        let case = format!("{:?} {:?}", self.args, self.env);
+        if output.status.code() != Some(self.code) {
+            return Err(format!(
+                "{case}: exit {:?}, expected {}: {stderr}",
+                output.status.code(),
+                self.code
+            ));
+        }
+        if !stderr.contains(self.message) {
+            return Err(format!("{case}: expected {:?} in {stderr}", self.message));
+        }
+        if stderr.contains("panicked") {
+            return Err(format!("{case}: a panic reached the user: {stderr}"));
+        }
+        Ok(())
     }
 }
 
@@ -336,9 +333,14 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
             "20 of 20 lookups failed (20 with an error",
         ),
     ];
-    for case in &cases {
-        case.run();
-    }
+    let failures: Vec<String> = cases.iter().filter_map(|case| case.run().err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     assert!(
         refusing.requests() >= 20,
         "the failing case reached the server"

@@ -639,3 +639,99 @@ fn a_key_too_long_for_a_file_name_affects_only_itself() {
     let task = tier.save(&far_too_long, b"x".to_vec());
     assert!(matches!(task.wait(), Err(TaskError::Failed(_))));
 }
+
+/// The writer half of the two-process test below: stores 3000 versions of
+/// 50 keys into `KVTIER_WRITER_DIR` and exits non-zero if any store failed.
+/// Run only as that test's child.
+#[test]
+#[ignore = "a child process of two_processes_with_the_same_pid_never_share_a_temporary_file"]
+fn writer_process() {
+    let dir = std::env::var("KVTIER_WRITER_DIR").expect("run by the two-process test");
+    let tier = FsTier::open(&dir, "shared").unwrap();
+    println!("writer pid={}", std::process::id());
+    // Both writers start together, so their saves overlap.
+    let go = std::path::Path::new(&dir).join("go");
+    let waiting = std::time::Instant::now();
+    while !go.exists() {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(60),
+            "never told to go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut failed = 0;
+    for round in 0..3000u32 {
+        if let Err(error) = tier.store(&u64::from(round % 50), &payload(round)) {
+            failed += 1;
+            eprintln!("store failed: {error}");
+        }
+    }
+    assert_eq!(failed, 0, "{failed} of 3000 stores failed");
+}
+
+/// Two processes with the same PID (each PID 1 of its own PID namespace, as
+/// two containers on one NFS export are) save the same keys into one
+/// directory at once: no save fails and no temporary file is left. Without
+/// `unshare` the two processes have distinct PIDs, which still checks two
+/// processes, and the test says so.
+#[test]
+fn two_processes_with_the_same_pid_never_share_a_temporary_file() {
+    let root = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let namespaced = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status()
+        .is_ok_and(|status| status.success());
+    let spawn = || {
+        let mut command = if namespaced {
+            let mut command = std::process::Command::new("unshare");
+            command.args(["--pid", "--fork"]).arg(&exe);
+            command
+        } else {
+            std::process::Command::new(&exe)
+        };
+        command
+            .args(["--ignored", "--exact", "writer_process", "--nocapture"])
+            .env("KVTIER_WRITER_DIR", root.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let writers = [spawn(), spawn()];
+    // Give both a moment to open the tier, then start them at once.
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(root.path().join("go"), b"").unwrap();
+    let mut pids = Vec::new();
+    for writer in writers {
+        let output = writer.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        pids.extend(
+            stdout
+                .lines()
+                .filter_map(|line| line.strip_prefix("writer pid="))
+                .map(str::to_owned),
+        );
+    }
+    assert_eq!(pids.len(), 2, "both writers ran");
+    if namespaced {
+        assert_eq!(pids, ["1", "1"], "each writer is PID 1 of its namespace");
+    } else {
+        println!("unshare is not available: two processes with distinct PIDs were checked");
+    }
+    let tier = FsTier::open(root.path(), "shared").unwrap();
+    for key in 0..50u64 {
+        let block = tier.load(&key).unwrap().expect("stored");
+        assert_eq!(block, payload(version_of(&block)));
+    }
+    let strays: Vec<_> = walk(&root.path().join("shared"))
+        .into_iter()
+        .filter(|path| path.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+}
