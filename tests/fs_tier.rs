@@ -378,6 +378,15 @@ fn keys_name_blocks_in_lowercase_hex() {
     assert_eq!(vec![0u8, 1].hex(), "0001");
 }
 
+/// The test tier's namespace under `root`, opened to follow symlinks.
+fn following_links(root: &std::path::Path) -> FsTier {
+    let options = FsOptions {
+        follow_symlinks: true,
+        ..FsOptions::default()
+    };
+    FsTier::open_with(root, "model-a/cfg-1/rank0", options).unwrap()
+}
+
 /// Runs `test` on a thread and fails if it has not finished after 60 s (a
 /// load that blocks on a FIFO would hang the test instead of failing it).
 fn within_a_minute(test: impl FnOnce() + Send + 'static) {
@@ -444,15 +453,7 @@ fn a_load_is_bounded_whatever_the_block_path_holds() {
                 ..
             })
         ));
-        let following = FsTier::open_with(
-            root.path(),
-            "model-a/cfg-1/rank0",
-            FsOptions {
-                follow_symlinks: true,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap();
+        let following = following_links(root.path());
         assert!(matches!(
             following.load(&key),
             Err(TierError::NotABlock {
@@ -502,6 +503,21 @@ fn a_load_is_bounded_whatever_the_block_path_holds() {
     });
 }
 
+/// Every key below `keys` holds one whole version, and no temporary file
+/// is left in the tier's directory.
+fn assert_whole_blocks_and_no_strays(tier: &FsTier, keys: u64) {
+    for key in 0..keys {
+        let block = tier.load(&key).unwrap().expect("stored");
+        assert_eq!(block, payload(version_of(&block)));
+    }
+    let dir = tier.root().join(tier.namespace());
+    let strays: Vec<_> = walk(&dir)
+        .into_iter()
+        .filter(|path| path.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+}
+
 #[test]
 fn two_tiers_on_one_directory_never_share_a_temporary_file() {
     let root = tempfile::tempdir().unwrap();
@@ -525,15 +541,7 @@ fn two_tiers_on_one_directory_never_share_a_temporary_file() {
         writer.join().unwrap();
     }
     assert_eq!(failures.load(Ordering::Relaxed), 0, "saves failed");
-    for key in 0..50u64 {
-        let block = first.load(&key).unwrap().expect("stored");
-        assert_eq!(block, payload(version_of(&block)));
-    }
-    let strays: Vec<_> = walk(&root.path().join("shared"))
-        .into_iter()
-        .filter(|path| path.to_string_lossy().ends_with(".tmp"))
-        .collect();
-    assert!(strays.is_empty(), "{strays:?}");
+    assert_whole_blocks_and_no_strays(&first, 50);
 }
 
 #[test]
@@ -598,15 +606,7 @@ fn symlinks_below_the_root_are_not_followed_by_default() {
     ));
 
     // Following links is a choice the options make.
-    let following = FsTier::open_with(
-        root.path(),
-        "model-a/cfg-1/rank0",
-        FsOptions {
-            follow_symlinks: true,
-            ..FsOptions::default()
-        },
-    )
-    .unwrap();
+    let following = following_links(root.path());
     assert!(following.contains(&5u64).unwrap());
     assert_eq!(
         following.load(&5u64).unwrap().as_deref(),
@@ -724,14 +724,5 @@ fn two_processes_with_the_same_pid_never_share_a_temporary_file() {
     } else {
         println!("unshare is not available: two processes with distinct PIDs were checked");
     }
-    let tier = FsTier::open(root.path(), "shared").unwrap();
-    for key in 0..50u64 {
-        let block = tier.load(&key).unwrap().expect("stored");
-        assert_eq!(block, payload(version_of(&block)));
-    }
-    let strays: Vec<_> = walk(&root.path().join("shared"))
-        .into_iter()
-        .filter(|path| path.to_string_lossy().ends_with(".tmp"))
-        .collect();
-    assert!(strays.is_empty(), "{strays:?}");
+    assert_whole_blocks_and_no_strays(&FsTier::open(root.path(), "shared").unwrap(), 50);
 }

@@ -71,7 +71,7 @@ impl Drop for FakeS3 {
 }
 
 const LISTING: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\
-<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+<ListBucketResult>\
 <Name>b</Name><Prefix></Prefix><KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys>\
 <IsTruncated>false</IsTruncated></ListBucketResult>";
 
