@@ -931,8 +931,14 @@ thread_local! {
 }
 
 /// A request id that counts how often it is compared.
-#[derive(Clone, Debug, Hash)]
+#[derive(Clone, Debug)]
 struct Counted(u64);
+
+impl std::hash::Hash for Counted {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl PartialEq for Counted {
     fn eq(&self, other: &Self) -> bool {
