@@ -501,8 +501,7 @@ MUTATIONS = [
         "F6-store-refuses-linked-shards",
         "a store writes through a shard directory linked outside the root",
         "src/tier/fs.rs",
-        [("    if !inner.follow_symlinks {\n        refuse_linked_shards(path)?;",
-          "    if false {\n        refuse_linked_shards(path)?;")],
+        [("        if !follow {\n            refuse_link(dir)?;", "        if false {\n            refuse_link(dir)?;")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "symlinks_below_the_root"],
     ),
     Mutation(

@@ -597,6 +597,25 @@ fn symlinks_below_the_root_are_not_followed_by_default() {
         Err(TierError::NotABlock { .. })
     ));
     assert_eq!(fs::read_dir(&victim).unwrap().count(), 0, "nothing escaped");
+    // A top-level shard linked outside: not even a directory is made there.
+    let key = 0x1234_5600_0000_0000_u64; // shard 123/45
+    let top = tier
+        .path_of(&key)
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::os::unix::fs::symlink(&victim, &top).unwrap();
+    assert!(matches!(
+        tier.store(&key, b"escape"),
+        Err(TierError::NotABlock { .. })
+    ));
+    assert_eq!(
+        fs::read_dir(&victim).unwrap().count(),
+        0,
+        "no directory made outside"
+    );
 
     // A namespace component linked elsewhere is refused at open.
     std::os::unix::fs::symlink(outside.path(), root.path().join("linked")).unwrap();

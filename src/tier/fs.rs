@@ -474,6 +474,28 @@ fn refuse_linked_shards(path: &Path) -> Result<(), TierError> {
     refuse_link(shard)
 }
 
+/// Creates a block's two shard directories where missing (and the
+/// namespace directory, should it have been removed since `open`). Unless
+/// links are followed, each shard is refused if it is a link before anything
+/// is created below it, so not even a directory is made outside the root.
+fn create_shards(path: &Path, follow: bool) -> Result<(), TierError> {
+    let shard = path.parent().expect("block paths have a shard directory");
+    let top = shard.parent().expect("shard directories have a parent");
+    let namespace = top.parent().expect("shards live in a namespace directory");
+    fs::create_dir_all(namespace).map_err(|source| TierError::io("create", namespace, source))?;
+    for dir in [top, shard] {
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(TierError::io("create", dir, error)),
+        }
+        if !follow {
+            refuse_link(dir)?;
+        }
+    }
+    Ok(())
+}
+
 /// Reads the block in `file` (of `size` bytes): the header first, then at
 /// most the payload it promises, and only once the promise is within
 /// `limit` and agrees with the size.
@@ -588,11 +610,7 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
             inner.max_block_bytes
         )));
     }
-    let parent = path.parent().expect("block paths have a parent");
-    fs::create_dir_all(parent).map_err(|source| TierError::io("create", parent, source))?;
-    if !inner.follow_symlinks {
-        refuse_linked_shards(path)?;
-    }
+    create_shards(path, inner.follow_symlinks)?;
     let (mut file, tmp) = create_temp(path, &name)?;
     let written = (|| {
         // Header and payload written separately: the payload is not copied.
