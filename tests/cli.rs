@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::moto::{Moto, unique_bucket};
+use common::s3::{S3Server, unique_bucket};
 
 fn kvtier(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvtier"))
@@ -105,10 +105,10 @@ fn probe_measures_a_directory_tier_and_reports_json() {
 
 #[test]
 fn probe_measures_an_s3_bucket_on_a_loopback_server() {
-    let moto = Moto::shared_or_start();
+    let server = S3Server::shared_or_start();
     let bucket = unique_bucket("kvtier-probe");
-    moto.create_bucket(&bucket);
-    let url = format!("s3://{bucket}/probe-ns?endpoint={}", moto.endpoint);
+    server.create_bucket(&bucket);
+    let url = format!("s3://{bucket}/probe-ns?endpoint={}", server.endpoint);
     let output = kvtier(&[
         "probe", "--s3", &url, "--keys", "200", "--groups", "8", "--json",
     ]);
@@ -188,15 +188,15 @@ impl Case {
 fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
     use common::fake_s3::{FakeS3, Script};
 
-    let moto = Moto::shared_or_start();
+    let server = S3Server::shared_or_start();
     let bucket = unique_bucket("kvtier-cli");
-    moto.create_bucket(&bucket);
+    server.create_bucket(&bucket);
     let s3 = |suffix: &str| format!("s3://{bucket}{suffix}");
     let at = |endpoint: &str| format!("s3://{bucket}?endpoint={endpoint}");
     let missing_bucket = format!(
         "s3://{}?endpoint={}",
         unique_bucket("never-created"),
-        moto.endpoint
+        server.endpoint
     );
     let long_namespace = "n".repeat(300);
     // A server that lists the bucket but refuses every HEAD.
@@ -205,7 +205,7 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
         delay: std::time::Duration::ZERO,
     });
     let refusing_url = format!("s3://b-fake?endpoint={}", refusing.endpoint);
-    let port = moto.endpoint.rsplit(':').next().unwrap().to_owned();
+    let port = server.endpoint.rsplit(':').next().unwrap().to_owned();
 
     let cases = vec![
         case(&["probe", "--fs", "/no/such/dir"], 2, "no such directory"),
@@ -237,17 +237,21 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
         // An endpoint with a query or a fragment would turn every HEAD of a
         // block into a HEAD of the bucket: refused, never probed.
         case(
-            &["probe", "--s3", &at(&format!("{}?x=1", moto.endpoint))],
+            &["probe", "--s3", &at(&format!("{}?x=1", server.endpoint))],
             2,
             "has a query",
         ),
         case(
-            &["probe", "--s3", &at(&format!("{}%23frag", moto.endpoint))],
+            &["probe", "--s3", &at(&format!("{}%23frag", server.endpoint))],
             2,
             "has a fragment",
         ),
         case(
-            &["probe", "--s3", &at(&format!("{}/x%2520y", moto.endpoint))],
+            &[
+                "probe",
+                "--s3",
+                &at(&format!("{}/x%2520y", server.endpoint)),
+            ],
             2,
             "has a path",
         ),
@@ -270,10 +274,10 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
         case(&["probe", "--s3", &s3("")], 2, "not a URL").env("AWS_ENDPOINT", Some("http://")),
         case(&["probe", "--s3", &s3("")], 2, "contains ' '").env("AWS_ENDPOINT", Some("not a url")),
         case(&["probe", "--s3", &s3("")], 2, "contains '\\t'")
-            .env("AWS_ENDPOINT_URL", Some(&format!("{}\t", moto.endpoint))),
+            .env("AWS_ENDPOINT_URL", Some(&format!("{}\t", server.endpoint))),
         case(&["probe", "--s3", &s3("")], 2, "has a path").env(
             "AWS_ENDPOINT_URL_S3",
-            Some(&format!("{}/x%20y", moto.endpoint)),
+            Some(&format!("{}/x%20y", server.endpoint)),
         ),
         case(&["probe", "--s3", &s3("")], 2, "not http")
             .env("AWS_ENDPOINT", Some(&format!("http:127.0.0.1:{port}"))),
@@ -284,7 +288,7 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
             &[
                 "probe",
                 "--s3",
-                &format!("s3://adv_b!?endpoint={}", moto.endpoint),
+                &format!("s3://adv_b!?endpoint={}", server.endpoint),
             ],
             2,
             "not a valid bucket name",
@@ -294,7 +298,7 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
         // No credentials anywhere: said so, without asking the cloud
         // instance-metadata address.
         case(
-            &["probe", "--s3", &at(&moto.endpoint)],
+            &["probe", "--s3", &at(&server.endpoint)],
             2,
             "no credentials found (looked in",
         )

@@ -1,6 +1,6 @@
 //! The object-store tier: in memory, on local files, and against a real
-//! S3-compatible server on loopback (moto), including the server going away
-//! mid-run.
+//! S3-compatible server on loopback (s3s in this process, or moto through
+//! `KVTIER_S3_ENDPOINT`), including the server going away mid-run.
 #![cfg(all(feature = "object-store", not(any(kvtier_loom, kvtier_shuttle))))]
 
 mod common;
@@ -8,7 +8,7 @@ mod common;
 use std::sync::mpsc::{RecvTimeoutError, channel};
 use std::time::Duration;
 
-use common::moto::{Moto, unique_bucket};
+use common::s3::{S3Server, unique_bucket};
 use kvtier::{
     Corruption, ObjectTier, S3Options, SaveScheduler, SaveTracker, StoreTask, TaskError, TierError,
     TokioConfig, TokioLookup,
@@ -39,9 +39,9 @@ fn watchdog(test: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn s3_options(moto: &Moto, bucket: &str) -> S3Options {
+fn s3_options(server: &S3Server, bucket: &str) -> S3Options {
     S3Options {
-        endpoint: Some(moto.endpoint.clone()),
+        endpoint: Some(server.endpoint.clone()),
         allow_http: true,
         access_key_id: Some("testing".into()),
         secret_access_key: Some("testing".into()),
@@ -138,10 +138,10 @@ fn s3_urls_are_parsed_and_bad_ones_explained() {
 #[test]
 fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
     watchdog(|| {
-        let moto = Moto::shared_or_start();
+        let server = S3Server::shared_or_start();
         let bucket = unique_bucket("kvtier-s3");
-        moto.create_bucket(&bucket);
-        let tier = ObjectTier::s3(&s3_options(&moto, &bucket), "model-a/rank0").unwrap();
+        server.create_bucket(&bucket);
+        let tier = ObjectTier::s3(&s3_options(&server, &bucket), "model-a/rank0").unwrap();
         let runtime = runtime();
         runtime.block_on(round_trip(&tier));
 
@@ -183,17 +183,17 @@ fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
 #[test]
 fn a_damaged_object_is_found_but_refuses_to_load() {
     watchdog(|| {
-        let moto = Moto::shared_or_start();
+        let server = S3Server::shared_or_start();
         let bucket = unique_bucket("kvtier-damage");
-        moto.create_bucket(&bucket);
-        let options = s3_options(&moto, &bucket);
+        server.create_bucket(&bucket);
+        let options = s3_options(&server, &bucket);
         let tier = ObjectTier::s3(&options, "ns").unwrap();
         let runtime = runtime();
         runtime.block_on(async {
             // Another program's object at a block's name.
             let raw = object_store::aws::AmazonS3Builder::new()
                 .with_bucket_name(&bucket)
-                .with_endpoint(&moto.endpoint)
+                .with_endpoint(&server.endpoint)
                 .with_allow_http(true)
                 .with_region("us-east-1")
                 .with_access_key_id("testing")
@@ -219,10 +219,10 @@ fn a_damaged_object_is_found_but_refuses_to_load() {
 fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_hangs() {
     watchdog(|| {
         // A server of this test's own, so it can be stopped.
-        let mut moto = Moto::start();
+        let mut server = S3Server::start();
         let bucket = unique_bucket("kvtier-outage");
-        moto.create_bucket(&bucket);
-        let tier = ObjectTier::s3(&s3_options(&moto, &bucket), "ns").unwrap();
+        server.create_bucket(&bucket);
+        let tier = ObjectTier::s3(&s3_options(&server, &bucket), "ns").unwrap();
         let runtime = runtime();
         runtime.block_on(async {
             for key in 0u64..4 {
@@ -244,7 +244,7 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
             assert!(lookup.lookup(&key, &before).unwrap().is_hit());
         }
 
-        moto.stop();
+        server.stop();
 
         // Blocks that are stored but can no longer be reached: misses, each
         // either a counted request error or a counted timeout.

@@ -82,4 +82,4 @@ pub fn req(id: &str) -> String {
     id.to_owned()
 }
 pub mod fake_s3;
-pub mod moto;
+pub mod s3;

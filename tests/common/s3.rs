@@ -1,0 +1,158 @@
+//! A real S3-compatible server on loopback for the object-store tests.
+//!
+//! By default an in-process one: s3s serving a temporary directory (s3s-fs)
+//! on a free loopback port, with SigV4 authentication and the test
+//! credentials, so `cargo test` needs nothing but cargo. When
+//! `KVTIER_S3_ENDPOINT` is set (`.ci/run` starts moto and sets it), the
+//! tests that share a server use that one instead, so every submission is
+//! also checked against a second, independent implementation. A test that
+//! stops its server mid-run always gets an in-process server of its own.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+
+/// The credentials every test server accepts.
+pub const ACCESS_KEY: &str = "testing";
+pub const SECRET_KEY: &str = "testing";
+
+/// A server the tests talk to; an in-process one stops when dropped.
+pub struct S3Server {
+    pub endpoint: String,
+    kind: Kind,
+}
+
+enum Kind {
+    /// `KVTIER_S3_ENDPOINT`: a server someone else runs (moto in CI).
+    External,
+    /// s3s on a thread of this process, serving `root`.
+    InProcess {
+        root: tempfile::TempDir,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+}
+
+impl S3Server {
+    /// The server of `KVTIER_S3_ENDPOINT`, or a fresh in-process one.
+    pub fn shared_or_start() -> S3Server {
+        match std::env::var("KVTIER_S3_ENDPOINT") {
+            Ok(endpoint) => S3Server {
+                endpoint,
+                kind: Kind::External,
+            },
+            Err(_) => S3Server::start(),
+        }
+    }
+
+    /// A fresh in-process server on a free loopback port, ready to answer.
+    pub fn start() -> S3Server {
+        let root = tempfile::tempdir().unwrap();
+        let store = s3s_fs::FileSystem::new(root.path()).expect("an s3s-fs root");
+        let mut builder = S3ServiceBuilder::new(store);
+        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = builder.build();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let http = ConnBuilder::new(TokioExecutor::new());
+                let mut stopped = stopped;
+                loop {
+                    tokio::select! {
+                        accepted = listener.accept() => {
+                            let Ok((socket, _)) = accepted else { continue };
+                            let connection = http
+                                .serve_connection(TokioIo::new(socket), service.clone())
+                                .into_owned();
+                            tokio::spawn(async move {
+                                let _ = connection.await;
+                            });
+                        }
+                        _ = &mut stopped => break,
+                    }
+                }
+            });
+            // Ends every open connection: the server is gone, as if killed.
+            runtime.shutdown_background();
+        });
+        S3Server {
+            endpoint,
+            kind: Kind::InProcess {
+                root,
+                stop: Some(stop),
+                thread: Some(thread),
+            },
+        }
+    }
+
+    /// Creates `bucket`: a directory of the in-process server's root, or an
+    /// unsigned `CreateBucket`, which moto accepts.
+    pub fn create_bucket(&self, bucket: &str) {
+        match &self.kind {
+            Kind::InProcess { root, .. } => {
+                std::fs::create_dir(root.path().join(bucket)).unwrap();
+            }
+            Kind::External => {
+                let address = self.endpoint.trim_start_matches("http://");
+                let mut stream = TcpStream::connect(address).expect("connect to the S3 server");
+                write!(
+                    stream,
+                    "PUT /{bucket} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                .unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                assert!(
+                    response.starts_with("HTTP/1.1 200"),
+                    "CreateBucket {bucket}: {}",
+                    response.lines().next().unwrap_or("")
+                );
+            }
+        }
+    }
+
+    /// Stops the server (only an in-process one); its connections end.
+    pub fn stop(&mut self) {
+        let Kind::InProcess { stop, thread, .. } = &mut self.kind else {
+            panic!("only an in-process server can be stopped by a test");
+        };
+        if let Some(stop) = stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = thread.take() {
+            thread.join().unwrap();
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Kind::InProcess { .. } = self.kind {
+            self.stop();
+        }
+    }
+}
+
+/// A bucket name unique to this process and call.
+pub fn unique_bucket(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
