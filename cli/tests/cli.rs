@@ -1,7 +1,9 @@
 //! The `kvtier` binary: the demo, `probe` on a directory and on a loopback
 //! S3 server, and clear errors with distinct exit codes for bad input.
-#![cfg(all(feature = "cli", not(any(kvtier_loom, kvtier_shuttle))))]
+#![cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 
+/// The library's test servers and backends, shared with its own tests.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Output};
