@@ -318,7 +318,7 @@ where
             }
         };
         for group in submission.into_groups() {
-            // Seed 000: each group is visible to the scheduler as soon as it
+            // Each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
             published.push(probe_group(&mut backend, group));
         }

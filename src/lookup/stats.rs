@@ -28,9 +28,8 @@ pub struct Stats {
     /// cleaned up while in flight and nobody joined); the state was removed.
     pub orphans_dropped: u64,
     /// Events the protocol rules out by construction (a second result for one
-    /// generation, a result for a state that is not in flight, a batch entry
-    /// whose state left `Pending` without being submitted). Always 0 unless
-    /// kvtier has a bug; the models assert it.
+    /// generation, a result for a state that is not in flight). Always 0
+    /// unless kvtier has a bug; the models assert it.
     pub anomalies: u64,
     /// Group results and tickets of another table, refused whole (a driver
     /// bug: a ticket or result carried to the wrong table). A result's keys

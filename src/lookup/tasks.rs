@@ -630,7 +630,7 @@ where
             let group = self.current.insert(group);
             let (found, end) = probe(&self.shared.backend, group, self.shared.timeout).await;
             let group = self.current.take().expect("the group being probed");
-            // Seed 000: each group is visible to the scheduler as soon as it
+            // Each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
             self.shared.published.push(settle(group, found, end));
             self.shared.pool.lock().finished += 1;

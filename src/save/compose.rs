@@ -12,10 +12,9 @@ use super::tracker::SaveTracker;
 ///
 /// `request_finished` has no default on purpose: a connector that wraps
 /// another must say what it answers, so it cannot silently drop the inner
-/// connector's "delay the free" — the bug the seed change fixed, where an
-/// outer connector did not forward the call and blocks were freed while the
-/// inner connector's save still read them. [`MultiConnector`] forwards to
-/// every inner connector.
+/// connector's "delay the free" (an outer connector that does not forward
+/// the call frees blocks while the inner connector's save still reads
+/// them). [`MultiConnector`] forwards to every inner connector.
 ///
 /// A wrapper that forgets to answer does not compile:
 ///

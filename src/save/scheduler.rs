@@ -11,9 +11,8 @@ use std::hash::Hash;
 /// Only [`SaveScheduler::record_step`] makes one, and the workers record
 /// exactly its requests ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)),
 /// so the scheduler's set and each worker's set are built from one value and
-/// cannot disagree (S6) — the seed's bug, a code path that built the step's
-/// metadata without recording it on the scheduler side, has no way to
-/// produce a `SaveStep`.
+/// cannot disagree (S6): a code path that builds a step's metadata without
+/// recording it on the scheduler side has no way to produce a `SaveStep`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaveStep<R> {
     step: u64,

@@ -1,0 +1,124 @@
+//! The docs name the checks, guards and mutations behind every invariant;
+//! a name that no longer exists in the code is a claim nobody checks. This
+//! test fails when docs/design.md, docs/verification.md or the README name
+//! a test, model or helper (a backquoted `snake_case_name` of four or more
+//! words) that appears nowhere in the Rust sources, or a mutation id
+//! (`L3-...`, `S6-...`) that `models/mutants.py` does not define.
+
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `.rs` file below `dir`, skipping build output.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The backquoted spans of a Markdown text.
+fn spans(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// A test-like name: lowercase words joined by `_`, at least four of them.
+fn is_check_name(name: &str) -> bool {
+    let words: Vec<&str> = name.split('_').collect();
+    words.len() >= 4
+        && words.iter().all(|word| {
+            !word.is_empty()
+                && word
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
+        && name.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// A mutation id: a protocol letter, a number, `-`, lowercase words.
+fn is_mutation_id(span: &str) -> bool {
+    let mut chars = span.chars();
+    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F'))
+        && span[1..].split_once('-').is_some_and(|(number, rest)| {
+            !number.is_empty()
+                && number.bytes().all(|b| b.is_ascii_digit())
+                && !rest.is_empty()
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+#[test]
+fn every_check_and_mutation_the_docs_name_exists() {
+    let root = root();
+    let mut files = Vec::new();
+    for dir in [
+        "src",
+        "tests",
+        "models",
+        "cli",
+        "benches",
+        "examples",
+        "fuzz/fuzz_targets",
+    ] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 50, "found only {} Rust files", files.len());
+    let code: String = files
+        .iter()
+        .map(|file| std::fs::read_to_string(file).unwrap())
+        .collect();
+    let mutants = std::fs::read_to_string(root.join("models/mutants.py")).unwrap();
+
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for doc in ["docs/design.md", "docs/verification.md", "README.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        for span in spans(&text) {
+            let last = span.rsplit(['/', ':']).next().unwrap_or(span);
+            let name = last.trim_end_matches('…').trim_end_matches('_');
+            if is_check_name(name) {
+                named += 1;
+                if !code.contains(name) {
+                    missing.push(format!("{doc}: `{span}` names nothing in the Rust sources"));
+                }
+            } else if is_mutation_id(span) {
+                named += 1;
+                if !mutants.contains(&format!("\"{span}")) {
+                    missing.push(format!(
+                        "{doc}: mutation `{span}` is not in models/mutants.py"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(named > 100, "only {named} names found: is the scan broken?");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn the_scan_recognises_names_and_ids() {
+    assert!(is_check_name("a_key_looked_up_twice"));
+    assert!(!is_check_name("take_submission"));
+    assert!(!is_check_name("Stats_foreign_x_y"));
+    assert!(is_mutation_id("L10-apply-checks-the-table"));
+    assert!(is_mutation_id("S6-multi"));
+    assert!(!is_mutation_id("L-x"));
+    assert!(!is_mutation_id("README.md"));
+    assert_eq!(spans("a `b` c `d e` f"), ["b", "d e"]);
+}
