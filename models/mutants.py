@@ -369,6 +369,15 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "save", "recording_a_large_step"],
     ),
     Mutation(
+        "L7-push-retries-its-cas",
+        "a push stores its node over the head instead of a compare-and-swap (a racing push is lost)",
+        "src/publish.rs",
+        [("            match self\n                .head\n                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)\n            {\n                Ok(_) => return,\n                Err(current) => head = current,\n            }",
+          "            self.head.store(node, Ordering::Release);\n            return;")],
+        TEST + ["-p", "kvtier", "--release", "--lib", "loom_models"],
+        LOOM,
+    ),
+    Mutation(
         "S6-multi-forwards-to-all",
         "MultiConnector stops forwarding request_finished at the first connector that delays",
         "src/save/compose.rs",
