@@ -16,6 +16,7 @@ use crate::sync::{Arc, Condvar, Mutex, thread};
 
 /// Why a driver call could not be carried out.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LookupError {
     /// The driver was shut down; only [`AsyncLookup::stats`] and
     /// [`AsyncLookup::table`] still answer.

@@ -6,6 +6,7 @@
 /// counted when the worker's result for the group is applied, not when the
 /// worker sees them, so reading stats never synchronises with the worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// `lookup` calls.
     pub lookups: u64,

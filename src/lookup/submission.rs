@@ -144,6 +144,7 @@ pub(crate) fn collect_answers(
 
 /// How the backend dealt with a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GroupOutcome {
     /// One answer per key.
     Answered,

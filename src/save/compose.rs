@@ -311,6 +311,7 @@ impl<R: Debug> Report<R> {
 /// refused a report. For a `MultiConnector`, `worker` is the index of the
 /// inner connector that reported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReportError<R: Debug> {
     /// The worker index is not below the aggregator's worker count.
     #[error("worker {worker} does not exist ({workers} workers)")]

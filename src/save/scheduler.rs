@@ -38,6 +38,7 @@ impl<R> SaveStep<R> {
 
 /// Counters of the scheduler side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SchedulerSaveStats {
     /// Steps recorded.
     pub steps: u64,

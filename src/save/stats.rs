@@ -3,6 +3,7 @@
 /// A snapshot of a [`SaveTracker`](crate::SaveTracker)'s counters (one
 /// worker's view).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SaveStats {
     /// Steps begun ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)).
     pub steps: u64,

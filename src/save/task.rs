@@ -26,6 +26,7 @@ impl fmt::Display for TaskId {
 /// that the task's I/O no longer touches the blocks once [`StoreTask::wait`]
 /// returns, so the tracker may report the requests and release their blocks.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TaskError {
     /// The store tried and failed (a write error, a full device, ...).
     #[error("the save failed: {0}")]

@@ -12,6 +12,7 @@ pub const HEADER_LEN: usize = 16;
 
 /// Why stored bytes are not a valid block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Corruption {
     /// Shorter than its header says: cut short while written, or truncated.
     #[error("truncated: {found} bytes where the header promises {expected}")]

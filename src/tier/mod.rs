@@ -31,6 +31,7 @@ pub use s3::S3Options;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TierError {
     /// The root directory given to a file-system tier is missing or is not
     /// a directory.

@@ -18,6 +18,7 @@ use crate::sync::task::{Semaphore, SemaphorePermit};
 
 /// Counters of an [`ObjectTier`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ObjectTierStats {
     /// `head` requests answered (found or not found).
     pub lookups: u64,

@@ -192,6 +192,8 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                     failed_keys += keys - (*answered as u64).min(keys)
                 }
                 GroupOutcome::Answered | GroupOutcome::Surplus => {}
+                // An outcome this command does not know yet: not an answer.
+                _ => failed_keys += keys,
             }
         }
         progress.inc(applied.len() as u64);
