@@ -31,10 +31,8 @@ mod bench {
 
     use criterion::measurement::WallTime;
     use criterion::{BenchmarkGroup, Criterion, Throughput};
-    use kvtier::{
-        AsyncLookup, AsyncLookupBackend, FsTier, LookupBackend, LookupError, ObjectTier,
-        TokioConfig, TokioLookup, Verdict,
-    };
+    use kvtier::lookup::{AsyncBackend, Prober, ThreadLookup, TokioConfig, TokioLookup};
+    use kvtier::{FsTier, Lookup, ObjectTier};
     use object_store::ObjectStoreExt;
     use object_store::memory::InMemory;
     use object_store::path::Path as ObjectPath;
@@ -78,42 +76,12 @@ mod bench {
         group
     }
 
-    /// The scheduler-side calls a round makes, for both drivers.
-    trait Driver {
-        fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError>;
-        fn flush(&mut self) -> Result<usize, LookupError>;
-        fn wait_idle(&mut self) -> Result<usize, LookupError>;
-        fn cleanup(&mut self, request: &u64) -> Result<(), LookupError>;
-    }
-
-    /// Both drivers have the same scheduler-side methods, inherent ones.
-    macro_rules! driver {
-        ($driver:ident, $($bound:tt)+) => {
-            impl<B: $($bound)+> Driver for $driver<u64, u64, B> {
-                fn lookup(&mut self, key: &u64, request: &u64) -> Result<Verdict<u64>, LookupError> {
-                    $driver::lookup(self, key, request)
-                }
-                fn flush(&mut self) -> Result<usize, LookupError> {
-                    $driver::flush(self)
-                }
-                fn wait_idle(&mut self) -> Result<usize, LookupError> {
-                    $driver::wait_idle(self)
-                }
-                fn cleanup(&mut self, request: &u64) -> Result<(), LookupError> {
-                    $driver::cleanup(self, request)
-                }
-            }
-        };
-    }
-    driver!(AsyncLookup, LookupBackend<u64, u64> + Send + 'static);
-    driver!(TokioLookup, AsyncLookupBackend<u64, u64>);
-
     /// One round (see the module docs); panics if a verdict is wrong, so a
     /// driver that skipped the backend could not post a figure.
-    fn round(driver: &mut impl Driver) {
+    fn round<P: Prober<u64, u64>>(driver: &mut Lookup<u64, u64, P>) {
         for request in 0..REQUESTS {
             for index in 0..KEYS_PER_REQUEST {
-                let verdict = driver.lookup(&key_of(request, index), &request).unwrap();
+                let verdict = driver.lookup(&key_of(request, index), &request);
                 assert!(verdict.is_pending(), "a new key is pending");
             }
         }
@@ -122,13 +90,13 @@ mod bench {
         for request in 0..REQUESTS {
             for index in 0..KEYS_PER_REQUEST {
                 let key = key_of(request, index);
-                let verdict = driver.lookup(&key, &request).unwrap();
+                let verdict = driver.lookup(&key, &request);
                 assert_eq!(verdict.is_hit(), stored(key), "verdict for {key:#x}");
                 assert!(!verdict.is_pending());
             }
         }
         for request in 0..REQUESTS {
-            driver.cleanup(&request).unwrap();
+            driver.cleanup(&request);
         }
     }
 
@@ -169,10 +137,10 @@ mod bench {
         group.bench_function("tier_contains", |b| {
             b.iter(|| all_keys().filter(|k| tier.contains(k).unwrap()).count())
         });
-        let mut thread_driver = AsyncLookup::new(tier.clone()).expect("worker");
+        let mut thread_driver = ThreadLookup::threaded(tier.clone()).expect("worker");
         group.bench_function("kvtier_thread", |b| b.iter(|| round(&mut thread_driver)));
         drop(thread_driver);
-        let mut tokio_driver = TokioLookup::new(tier.clone(), TokioConfig::default()).unwrap();
+        let mut tokio_driver = TokioLookup::tokio(tier.clone(), TokioConfig::default()).unwrap();
         group.bench_function("kvtier_tokio_4_groups", |b| {
             b.iter(|| round(&mut tokio_driver))
         });
@@ -223,7 +191,7 @@ mod bench {
                 })
             })
         });
-        let mut driver = TokioLookup::new(tier.clone(), TokioConfig::default()).unwrap();
+        let mut driver = TokioLookup::tokio(tier.clone(), TokioConfig::default()).unwrap();
         group.bench_function("kvtier_tokio_4_groups", |b| b.iter(|| round(&mut driver)));
         drop(driver);
         group.finish();

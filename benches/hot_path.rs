@@ -17,7 +17,7 @@ mod benches {
 
     use criterion::{BatchSize, Criterion, Throughput};
     use hashbrown::HashMap as FoldMap;
-    use kvtier::{AsyncLookup, GroupResult, LookupTable};
+    use kvtier::{lookup::GroupResult, lookup::LookupTable, lookup::ThreadLookup};
 
     use super::workload::{self, Trace, present};
 
@@ -179,7 +179,7 @@ mod benches {
     type Backend = fn(&[u64], &u64) -> Vec<bool>;
 
     struct Driven {
-        lookup: AsyncLookup<u64, u64, Backend>,
+        lookup: ThreadLookup<u64, u64>,
         trace: Trace,
     }
 
@@ -199,7 +199,7 @@ mod benches {
         fn new() -> Self {
             let backend: Backend = answer;
             Self {
-                lookup: AsyncLookup::new(backend).expect("worker thread"),
+                lookup: ThreadLookup::threaded(backend).expect("worker thread"),
                 trace: Trace::new(),
             }
         }
@@ -208,7 +208,7 @@ mod benches {
             let step = self.trace.next_step();
             let start = Instant::now();
             for (key, request) in &step.lookups {
-                black_box(self.lookup.lookup(key, request).expect("open"));
+                black_box(self.lookup.lookup(key, request));
             }
             let lookup = start.elapsed();
             let start = Instant::now();
@@ -217,7 +217,7 @@ mod benches {
             // Waiting for the worker is untimed; applying its answers is timed.
             loop {
                 let start = Instant::now();
-                self.lookup.drain().expect("open");
+                self.lookup.drain();
                 scheduler += start.elapsed();
                 let stats = self.lookup.stats();
                 if stats.groups_applied == stats.groups_submitted {
@@ -227,7 +227,7 @@ mod benches {
             }
             let start = Instant::now();
             for request in &step.finished {
-                self.lookup.cleanup(request).expect("open");
+                self.lookup.cleanup(request);
             }
             scheduler += start.elapsed();
             StepTime { lookup, scheduler }

@@ -9,7 +9,7 @@
 //! so all see the same machine noise; the table gives the median and the
 //! 10th/90th percentiles. Scenarios:
 //!
-//! - `thread_fifo`: [`AsyncLookup`], one worker thread, groups in order.
+//! - `thread_fifo`: [`ThreadLookup`], one worker thread, groups in order.
 //! - `tokio_2`: [`TokioLookup`] with 2 concurrent groups.
 //! - `tokio_2_fast_alone`: the same driver with only the fast group in the
 //!   flush: the fast group's own latency, the reference for the target
@@ -26,10 +26,10 @@ mod bench {
     use std::thread;
     use std::time::{Duration, Instant};
 
-    use kvtier::{
-        AsyncLookup, AsyncLookupBackend, GroupResult, LookupTable, TokioConfig, TokioLookup,
-        Verdict,
+    use kvtier::lookup::{
+        AsyncBackend, GroupResult, LookupTable, Prober, ThreadLookup, TokioConfig, TokioLookup,
     };
+    use kvtier::{Lookup, Verdict};
 
     const SLOW: Duration = Duration::from_millis(50);
     /// The slow request's id; every other request is fast.
@@ -49,9 +49,9 @@ mod bench {
         answer(keys)
     }
 
-    struct AsyncBackend;
+    struct SlowAsync;
 
-    impl AsyncLookupBackend<u64, u64> for AsyncBackend {
+    impl AsyncBackend<u64, u64> for SlowAsync {
         type Error = Infallible;
 
         async fn batch_lookup(&self, keys: &[u64], request: &u64) -> Result<Vec<bool>, Infallible> {
@@ -70,33 +70,18 @@ mod bench {
         fn cleanup(&mut self, request: u64);
     }
 
-    impl<B: kvtier::LookupBackend<u64, u64> + Send + 'static> Driver for AsyncLookup<u64, u64, B> {
+    impl<P: Prober<u64, u64>> Driver for Lookup<u64, u64, P> {
         fn lookup(&mut self, key: u64, request: u64) -> Verdict<u64> {
-            AsyncLookup::lookup(self, &key, &request).expect("open")
+            Lookup::lookup(self, &key, &request)
         }
         fn flush(&mut self) {
-            AsyncLookup::flush(self).expect("open");
+            Lookup::flush(self).expect("prober alive");
         }
         fn wait_idle(&mut self) {
-            AsyncLookup::wait_idle(self).expect("open");
+            Lookup::wait_idle(self).expect("prober alive");
         }
         fn cleanup(&mut self, request: u64) {
-            AsyncLookup::cleanup(self, &request).expect("open");
-        }
-    }
-
-    impl Driver for TokioLookup<u64, u64, AsyncBackend> {
-        fn lookup(&mut self, key: u64, request: u64) -> Verdict<u64> {
-            TokioLookup::lookup(self, &key, &request).expect("open")
-        }
-        fn flush(&mut self) {
-            TokioLookup::flush(self).expect("open");
-        }
-        fn wait_idle(&mut self) {
-            TokioLookup::wait_idle(self).expect("open");
-        }
-        fn cleanup(&mut self, request: u64) {
-            TokioLookup::cleanup(self, &request).expect("open");
+            Lookup::cleanup(self, &request);
         }
     }
 
@@ -104,14 +89,14 @@ mod bench {
     /// probes the whole submission and then publishes every group at once.
     struct WholeSubmission {
         table: LookupTable<u64, u64>,
-        to_worker: Option<mpsc::Sender<kvtier::Submission<u64, u64>>>,
+        to_worker: Option<mpsc::Sender<kvtier::lookup::Submission<u64, u64>>>,
         published: Arc<Mutex<Vec<GroupResult<u64>>>>,
         worker: Option<thread::JoinHandle<()>>,
     }
 
     impl WholeSubmission {
         fn new() -> Self {
-            let (to_worker, submissions) = mpsc::channel::<kvtier::Submission<u64, u64>>();
+            let (to_worker, submissions) = mpsc::channel::<kvtier::lookup::Submission<u64, u64>>();
             let published = Arc::new(Mutex::new(Vec::new()));
             let out = published.clone();
             let worker = thread::spawn(move || {
@@ -206,13 +191,13 @@ mod bench {
     }
 
     pub fn main() {
-        let thread_fifo =
-            AsyncLookup::new(sync_backend as fn(&[u64], &u64) -> Vec<bool>).expect("worker thread");
+        let thread_fifo = ThreadLookup::threaded(sync_backend as fn(&[u64], &u64) -> Vec<bool>)
+            .expect("worker thread");
         let config = TokioConfig::default()
             .max_concurrent_groups(2)
             .group_timeout(None);
-        let tokio_2 = TokioLookup::new(AsyncBackend, config.clone()).expect("runtime");
-        let tokio_alone = TokioLookup::new(AsyncBackend, config).expect("runtime");
+        let tokio_2 = TokioLookup::tokio(SlowAsync, config.clone()).expect("runtime");
+        let tokio_alone = TokioLookup::tokio(SlowAsync, config).expect("runtime");
         let mut scenarios: Vec<(&str, Box<dyn Driver>, bool)> = vec![
             ("thread_fifo", Box::new(thread_fifo), true),
             ("tokio_2", Box::new(tokio_2), true),

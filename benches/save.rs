@@ -10,7 +10,7 @@ mod bench {
     use std::hint::black_box;
 
     use criterion::{BatchSize, Criterion, Throughput};
-    use kvtier::{Completer, CompletionTask, SaveScheduler, SaveTracker, StoreTask};
+    use kvtier::{SaveScheduler, SaveTracker, StoreTask, save::Completer, save::CompletionTask};
 
     const OUTSTANDING: u64 = 10_000;
     const BATCH: u64 = 1_024;

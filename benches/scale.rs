@@ -19,7 +19,7 @@ mod bench {
 
     use criterion::{BenchmarkId, Criterion, Throughput};
     use hashbrown::HashMap as FoldMap;
-    use kvtier::{AsyncLookup, LookupTable, Request};
+    use kvtier::{Request, lookup::LookupTable, lookup::ThreadLookup};
 
     use super::workload::mix;
 
@@ -136,13 +136,13 @@ mod bench {
         const NEW: u64 = 100_000;
         const ROUNDS: u64 = 11;
         let backend = |keys: &[u64], _: &u64| keys.iter().map(|k| k % 2 == 0).collect();
-        let mut lookup = AsyncLookup::new(backend).expect("worker thread");
+        let mut lookup = ThreadLookup::threaded(backend).expect("worker thread");
         let (mut flushes, mut lookups, mut cleanups) = (vec![], vec![], vec![]);
         for round in 0..ROUNDS {
             let base = round * NEW;
             let start = Instant::now();
             for key in base..base + NEW {
-                black_box(lookup.lookup(&mix(key), &(key / 128)).expect("open"));
+                black_box(lookup.lookup(&mix(key), &(key / 128)));
             }
             lookups.push(start.elapsed());
             let start = Instant::now();
@@ -151,7 +151,7 @@ mod bench {
             lookup.wait_idle().expect("open");
             let start = Instant::now();
             for request in base / 128..(base + NEW).div_ceil(128) {
-                lookup.cleanup(&request).expect("open");
+                lookup.cleanup(&request);
             }
             cleanups.push(start.elapsed());
         }
@@ -164,7 +164,7 @@ mod bench {
                 values[values.len() - 1].as_secs_f64() * 1e3
             );
         };
-        println!("\nlongest step: 10^5 new keys (782 requests) on AsyncLookup, {ROUNDS} rounds");
+        println!("\nlongest step: 10^5 new keys (782 requests) on ThreadLookup, {ROUNDS} rounds");
         println!("| call | median | min | max |");
         println!("|---|---|---|---|");
         show("flush (one call)", flushes);

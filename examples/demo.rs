@@ -19,8 +19,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use kvtier::{
-    AsyncLookup, CompletionTask, LookupBackend, ReportAggregator, SaveScheduler, SaveTracker,
-    TaskError, Ticket, Verdict,
+    SaveScheduler, SaveTracker, Ticket, Verdict, lookup::Backend, lookup::ThreadLookup,
+    save::CompletionTask, save::ReportAggregator, save::TaskError,
 };
 
 /// The secondary tier: a set of block hashes, and a per-request probe latency.
@@ -29,7 +29,7 @@ struct InMemoryTier {
     slow_requests: HashSet<String>,
 }
 
-impl LookupBackend<u64, String> for InMemoryTier {
+impl Backend<u64, String> for InMemoryTier {
     type Answers = Vec<bool>;
     type Error = std::convert::Infallible;
 
@@ -77,7 +77,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
         blocks: [1, 2, 3, 4, 101, 201, 202, 401].into_iter().collect(),
         slow_requests: ["req-slow".to_owned()].into_iter().collect(),
     };
-    let mut lookup = AsyncLookup::new(tier)?;
+    let mut lookup = ThreadLookup::threaded(tier)?;
     let started = Instant::now();
     let mut requests: Vec<String> = ["req-fast-a", "req-slow", "req-fast-b"]
         .map(str::to_owned)
@@ -93,7 +93,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
             let verdicts: Vec<Verdict<u64>> = blocks_of(request)
                 .iter()
                 .map(|key| lookup.lookup(key, request))
-                .collect::<Result<_, _>>()?;
+                .collect();
             if verdicts.iter().all(|v| !v.is_pending()) {
                 first_verdict_at
                     .entry(request.clone())
@@ -112,7 +112,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
         println!("{line}");
 
         if let Some(ticket) = failed_load.take_if(|_| step == 3) {
-            let changed = lookup.mark_miss(&ticket)?;
+            let changed = lookup.mark_miss(&ticket);
             println!(
                 "          load of block {} failed -> mark_miss: {changed}",
                 ticket.key()
@@ -120,7 +120,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
         }
         if step == 2 {
             // req-fast-b finishes; a new request reusing the prefix arrives.
-            lookup.cleanup(&"req-fast-b".to_owned())?;
+            lookup.cleanup(&"req-fast-b".to_owned());
             requests.retain(|r| r != "req-fast-b");
             requests.push("req-new".to_owned());
             println!(
@@ -132,10 +132,10 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
     }
 
     for request in &requests {
-        lookup.cleanup(request)?;
+        lookup.cleanup(request);
     }
-    lookup.shutdown()?;
-    let stats = lookup.stats();
+    let table = lookup.shutdown()?;
+    let stats = table.stats();
     println!("\nfirst full verdict per request:");
     for (request, at) in &first_verdict_at {
         println!("  {request:<11} {:>4} ms", at.as_millis());
@@ -153,7 +153,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
         "  stale results dropped {}   orphans dropped {}   marked miss {}   anomalies {}",
         stats.stale_results, stats.orphans_dropped, stats.marked_miss, stats.anomalies
     );
-    println!("  table empty after cleanup: {}", lookup.table().is_empty());
+    println!("  table empty after cleanup: {}", table.is_empty());
     println!(
         "\nWhat to look for: the shared prefix is submitted once for every request (keys\n\
          submitted = 4 + 3 per request); the fast groups resolve while req-slow's is still\n\
@@ -166,7 +166,7 @@ fn lookup_part() -> Result<(), kvtier::LookupError> {
 /// Starts a save on an I/O thread that takes `ms` and then succeeds or fails.
 /// The requests a report frees; a refused report is a bug in this demo.
 fn accepted(
-    report: kvtier::Report<&'static str>,
+    report: kvtier::save::Report<&'static str>,
 ) -> Result<Vec<&'static str>, Box<dyn std::error::Error>> {
     match report.refused.first() {
         Some(why) => Err(why.to_string().into()),

@@ -4,7 +4,7 @@
 //! 200 steps × 32 live requests × 128 keys (64 shared prefix keys), each
 //! request living 4 steps, half the keys present (see
 //! `benches/workload/mod.rs` for the exact trace). The scheduler thread
-//! drives an [`AsyncLookup`] whose worker thread answers from the trace's
+//! drives an [`ThreadLookup`] whose worker thread answers from the trace's
 //! `present` rule. Every step: look up every live request's keys, flush,
 //! wait (untimed) until the worker has published, apply the answers, and
 //! clean up the requests that end.
@@ -22,7 +22,7 @@ use std::hint::black_box;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvtier::{AsyncLookup, Verdict};
+use kvtier::{Verdict, lookup::ThreadLookup};
 
 #[path = "../benches/workload/mod.rs"]
 mod workload;
@@ -44,14 +44,14 @@ struct Run {
 
 fn kvtier_run(steps: usize) -> Run {
     let backend = |keys: &[u64], _request: &u64| keys.iter().map(|&k| present(k)).collect();
-    let mut lookup = AsyncLookup::new(backend).expect("start the lookup worker");
+    let mut lookup = ThreadLookup::threaded(backend).expect("start the lookup worker");
     let mut trace = Trace::new();
     let mut run = Run::default();
     for _ in 0..steps {
         let step = trace.next_step();
         let start = Instant::now();
         for (key, request) in &step.lookups {
-            match black_box(lookup.lookup(key, request).expect("driver open")) {
+            match black_box(lookup.lookup(key, request)) {
                 Verdict::Hit(_) => run.hits += 1,
                 Verdict::Miss => run.misses += 1,
                 Verdict::Pending => run.pending += 1,
@@ -67,7 +67,7 @@ fn kvtier_run(steps: usize) -> Run {
         // Wait for the worker (untimed), applying what it publishes (timed).
         loop {
             let start = Instant::now();
-            lookup.drain().expect("driver open");
+            lookup.drain();
             run.apply += start.elapsed();
             let stats = lookup.stats();
             if stats.groups_applied == stats.groups_submitted {
@@ -78,7 +78,7 @@ fn kvtier_run(steps: usize) -> Run {
 
         let start = Instant::now();
         for request in &step.finished {
-            lookup.cleanup(request).expect("driver open");
+            lookup.cleanup(request);
         }
         run.cleanup += start.elapsed();
     }

@@ -8,7 +8,10 @@ the file-system tier (F*), on a scratch copy, and show which check then fails.
     python3 models/mutants.py --matrix   # every mutation against every suite
 
 Each mutation names the invariant (docs/design.md) whose guard it breaks, the
-exact text it replaces, and the check expected to catch it. A mutation whose
+text it replaces, and the check expected to catch it. The code marks each
+guard with a `// guard: <mutation id>` comment; a mutation edits only the
+few lines after its tags, so it follows its guard when code moves, and a tag
+or a text that is gone makes it STALE (a failure). A mutation whose
 check still passes is reported as SURVIVED and makes the script exit non-zero:
 that check cannot see the guard, so either the check or the guard is wrong.
 The working tree is never modified; the scratch copy lives in
@@ -22,6 +25,7 @@ takes about an hour.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,8 +76,10 @@ SUITES = {
 class Mutation:
     id: str
     what: str
-    file: str
-    edits: list  # (old, new) pairs, each `old` must occur exactly once
+    # (old, new) pairs. Each `old` must occur exactly once in the code that
+    # follows the mutation's `// guard: <id>` tags: the GUARD_WINDOW lines
+    # after each tag, in whichever file under src/ holds the tags.
+    edits: list
     check: list  # command run in the scratch copy; expected to fail
     env: dict = None
 
@@ -82,7 +88,6 @@ MUTATIONS = [
     Mutation(
         "L1-batch-generation",
         "flush submits batch entries whose state was cleaned up (and recreated) before it",
-        "src/lookup/table.rs",
         [("if dropped.contains(&group.generations[i].0) {",
           "if false {")],
         TEST + ["--test", "table", "a_key_cleaned_up_and_recreated"],
@@ -90,7 +95,6 @@ MUTATIONS = [
     Mutation(
         "L1-known-key",
         "a known key is batched again when another request asks for it",
-        "src/lookup/table.rs",
         [("let entry = match self.states.get_mut(key) {",
           "let entry = match self.states.get_mut(key).filter(|e| e.first == slot) {")],
         TEST + ["--test", "table", "a_key_looked_up_twice"],
@@ -98,7 +102,6 @@ MUTATIONS = [
     Mutation(
         "L2-apply-generation",
         "apply ignores the generation an answer was submitted for",
-        "src/lookup/table.rs",
         [("if state.generation() != generation {\n                // L3",
           "if false {\n                // L3")],
         TEST + ["--lib", "a_result_for_another_generation"],
@@ -106,7 +109,6 @@ MUTATIONS = [
     Mutation(
         "L3-inflight-retention",
         "cleanup removes in-flight states instead of keeping them as orphans",
-        "src/lookup/table.rs",
         [("Phase::InFlight => {} // kept as an orphan",
           "Phase::InFlight => {\n                    occupied.remove();\n                }")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "cleanup_while_in_flight"],
@@ -115,7 +117,6 @@ MUTATIONS = [
     Mutation(
         "L3-orphan-removal",
         "an orphan's answer resolves it instead of removing it",
-        "src/lookup/table.rs",
         [("if !state.has_requesters() {\n                slot.remove();\n                self.stats.orphans_dropped",
           "if false {\n                slot.remove();\n                self.stats.orphans_dropped")],
         TEST + ["--test", "table", "an_orphaned_result"],
@@ -123,7 +124,6 @@ MUTATIONS = [
     Mutation(
         "L4-ticket-generation",
         "mark_miss ignores the ticket's generation",
-        "src/lookup/table.rs",
         [("if state.generation() == ticket.generation\n                    && state.phase",
           "if state.phase")],
         TEST + ["--test", "table", "defect_1"],
@@ -131,7 +131,6 @@ MUTATIONS = [
     Mutation(
         "L4-keys-resolved-only",
         "mark_miss_keys also forces pending and in-flight states to a miss",
-        "src/lookup/table.rs",
         [("if let Some(state) = self.states.get_mut(key)\n                && state.phase(self.flushed_below) == (Phase::Resolved { found: true })\n            {",
           "if let Some(state) = self.states.get_mut(key)\n                && state.phase(self.flushed_below) != (Phase::Resolved { found: false })\n            {")],
         TEST + ["--test", "driver", "defect_1"],
@@ -139,7 +138,6 @@ MUTATIONS = [
     Mutation(
         "L5-apply-in-flight-only",
         "apply accepts a second answer for an already resolved generation",
-        "src/lookup/table.rs",
         [("if phase != Phase::InFlight {\n                // A generation",
           "if false {\n                // A generation")],
         TEST + ["--lib", "a_duplicate_result"],
@@ -147,14 +145,12 @@ MUTATIONS = [
     Mutation(
         "L6-one-answer-per-key",
         "short answers leave the remaining keys without an answer",
-        "src/lookup/submission.rs",
         [("found.resize(self.keys.len(), false);", "")],
         TEST + ["--test", "table", "defect_5"],
     ),
     Mutation(
         "L6-catch-panics",
         "backend panics are not caught",
-        "src/lookup/backend.rs",
         [("let call = panic::catch_unwind(AssertUnwindSafe(|| {",
           "let call = no_catch(AssertUnwindSafe(|| {"),
          ("/// Probes one group, turning every fault into misses",
@@ -164,7 +160,6 @@ MUTATIONS = [
     Mutation(
         "L7-release-publication",
         "the publishing CAS is Relaxed: node contents are not ordered before the consumer",
-        "src/publish.rs",
         [(".compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)",
           ".compare_exchange_weak(head, node, Ordering::Relaxed, Ordering::Relaxed)")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "two_groups"],
@@ -173,43 +168,38 @@ MUTATIONS = [
     Mutation(
         "L7-publication-order",
         "take_all hands results back newest first",
-        "src/publish.rs",
         [("        taken.reverse();\n", "")],
         TEST + ["--lib", "take_all_returns_publication_order"],
     ),
     Mutation(
         "L7-per-group-publication",
         "the worker publishes a submission's groups only when all are done (pre-seed-000)",
-        "src/lookup/driver.rs",
-        [("            published.push(probe_group(&mut backend, group));\n",
+        [("            published.publish(probe_group(&mut backend, group));\n",
           "            done.push(probe_group(&mut backend, group));\n"),
          ("        for group in submission.into_groups() {\n",
           "        let mut done = Vec::new();\n        for group in submission.into_groups() {\n"),
          ("        shared.queue.lock().completed += 1;\n",
-          "        for result in done {\n            published.push(result);\n        }\n        shared.queue.lock().completed += 1;\n")],
+          "        for result in done {\n            published.publish(result);\n        }\n        shared.queue.lock().completed += 1;\n")],
         TEST + ["--test", "driver", "seed_000"],
     ),
     Mutation(
         "L7-lookup-applies-published",
         "lookup does not apply what the worker published (results wait for flush)",
-        "src/lookup/front.rs",
-        [("        self.apply_published();\n        self.table.lookup(key, request)",
+        [("        self.drain();\n        self.table.lookup(key, request)",
           "        self.table.lookup(key, request)")],
         TEST + ["--test", "driver", "defect_3"],
     ),
     Mutation(
         "L8-shutdown-applies-last-answers",
         "shutdown joins the worker but drops its last answers",
-        "src/lookup/driver.rs",
-        [("        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;\n        self.front.apply_published();",
-          "        let joined = self.close_and_join().ok_or(LookupError::ShutDown)?;")],
+        [("        let stopped = self.prober.shutdown();\n        self.drain();",
+          "        let stopped = self.prober.shutdown();")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
         LOOM,
     ),
     Mutation(
         "L8-shutdown-finishes-queued-work",
         "the worker exits at shutdown without serving queued submissions",
-        "src/lookup/driver.rs",
         [("                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }\n                if queue.closing {\n                    return;\n                }",
           "                if queue.closing {\n                    return;\n                }\n                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
@@ -218,7 +208,6 @@ MUTATIONS = [
     Mutation(
         "L9-cursor-checks-the-key",
         "the in-order shortcut takes any key at the cursor as already linked (issue 6 fast path)",
-        "src/lookup/table.rs",
         [("if self.keys.get(self.cursor) == Some(key) {",
           "if self.cursor < self.keys.len() {")],
         MODELS + ["proptest_lookup"],
@@ -226,21 +215,18 @@ MUTATIONS = [
     Mutation(
         "L9-flush-moves-the-watermark",
         "a flush leaves its keys pending instead of moving the in-flight watermark (issue 6 fast path)",
-        "src/lookup/table.rs",
         [("        self.flushed_below = self.next_generation;\n", "")],
         TEST + ["--test", "table"],
     ),
     Mutation(
         "L9-batch-cache-epoch",
         "a slot's cached batch group survives the flush (issue 6 fast path)",
-        "src/lookup/table.rs",
         [("        self.batch_epoch += 1;\n", "")],
         TEST + ["--test", "table"],
     ),
     Mutation(
         "S1-report-while-running",
         "a finished request is reported although a task still reads its blocks",
-        "src/save/ledger.rs",
         [("            if by_request.contains_key(request) {\n                return true;\n            }",
           "            if by_request.contains_key(request) && false {\n                return true;\n            }")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "reported_only_after"],
@@ -249,7 +235,6 @@ MUTATIONS = [
     Mutation(
         "S1-completion-wait-returns-early",
         "CompletionTask::wait returns without waiting for the completer",
-        "src/save/completion.rs",
         [("            if let Some(result) = outcome.take() {\n                break result;\n            }\n            outcome = self.shared.completed.wait(outcome);",
           "            break outcome.take().unwrap_or(Ok(()));")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "blocking_get_finished"],
@@ -258,14 +243,12 @@ MUTATIONS = [
     Mutation(
         "S1-blocking-mode-waits",
         "a blocking get_finished does not wait for the finished requests' tasks",
-        "src/save/tracker.rs",
         [("        if self.mode == CompletionMode::Blocking {", "        if false {")],
         TEST + ["--test", "save", "blocking_mode_waits"],
     ),
     Mutation(
         "S2-deferred-remembered",
         "a finished request that cannot be reported yet is dropped instead of remembered",
-        "src/save/ledger.rs",
         [("            if by_request.contains_key(request) {\n                return true;\n            }",
           "            if by_request.contains_key(request) {\n                return false;\n            }")],
         TEST + ["--test", "save", "s1_a_finished_request"],
@@ -273,14 +256,12 @@ MUTATIONS = [
     Mutation(
         "S2-failed-wait-closes-task",
         "a task whose wait panicked is never closed, so its requests are never reported",
-        "src/save/tracker.rs",
         [("                self.ledger.close_task(id, how, Ended::Panicked)", "                false")],
         TEST + ["--test", "save", "failed_timed_out_and_panicking"],
     ),
     Mutation(
         "S2-report-once",
         "a finished id passed again while waiting is queued a second time",
-        "src/save/ledger.rs",
         [("                Some(true) => self.stats.repeated_finishes += 1,",
           "                Some(true) => self.finishing.push(request.clone()),")],
         TEST + ["--test", "save", "s2_each_request"],
@@ -288,7 +269,6 @@ MUTATIONS = [
     Mutation(
         "S3-untracked-not-reported",
         "a finished id that never saved is queued for report",
-        "src/save/ledger.rs",
         [("                None => self.stats.not_delayed += 1,",
           "                None => {\n                    self.recorded.insert(request.clone(), true);\n                    self.finishing.push(request.clone());\n                }")],
         TEST + ["--test", "save", "s3_requests"],
@@ -296,14 +276,12 @@ MUTATIONS = [
     Mutation(
         "S3-scheduler-forgets",
         "request_finished does not forget the request, so a second call delays again",
-        "src/save/scheduler.rs",
         [("        let delay = self.delayed.remove(request);", "        let delay = self.delayed.contains(request);")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "proptest_save"],
     ),
     Mutation(
         "S4-task-kept-until-waited",
         "submit drops the task at once, releasing its handle while the save runs",
-        "src/save/tracker.rs",
         [("        self.tasks.insert(\n            id,\n            Running {\n                task,\n                check_panicked: false,\n            },\n        );",
           "        drop(task);")],
         TEST + ["--test", "save", "completion_tasks_are_completed"],
@@ -311,7 +289,6 @@ MUTATIONS = [
     Mutation(
         "S5-fence-waits-preempted",
         "the preemption fence returns without waiting for the preempted requests' tasks",
-        "src/save/tracker.rs",
         [("        for id in &fenced {", "        for id in fenced.iter().take(0) {")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "preemption_fence"],
         LOOM,
@@ -319,7 +296,6 @@ MUTATIONS = [
     Mutation(
         "S5-fence-only-preempted",
         "the preemption fence waits for every running task",
-        "src/save/tracker.rs",
         [("        let fenced = self.ledger.tasks_of(preempted);",
           "        let fenced: Vec<TaskId> = self.ledger.running().collect();")],
         TEST + ["--test", "save", "s5_preemption"],
@@ -327,35 +303,30 @@ MUTATIONS = [
     Mutation(
         "S6-worker-records-the-step",
         "a worker does not record the step's saving requests (the seed's missing mirror)",
-        "src/save/tracker.rs",
         [("        self.ledger.begin_step(step.requests());", "        self.ledger.begin_step(&step.requests()[..0]);")],
         TEST + ["--test", "save", "s6_the_scheduler"],
     ),
     Mutation(
         "L10-apply-checks-the-table",
         "apply takes a result of another table's group as this table's answer",
-        "src/lookup/table.rs",
         [("        if result.table != self.id {\n            // L10", "        if false {\n            // L10")],
         TEST + ["--test", "table", "tickets_and_results_are_tied"],
     ),
     Mutation(
         "L10-mark-miss-checks-the-table",
         "mark_miss takes another table's ticket of the same generation",
-        "src/lookup/table.rs",
         [("        if ticket.table != self.id {", "        if false {")],
         TEST + ["--test", "table", "tickets_and_results_are_tied"],
     ),
     Mutation(
         "L11-shared-keys-are-indexed",
         "a long requester list is never indexed (linking and unlinking a widely shared key scan it)",
-        "src/lookup/table.rs",
         [("        if list.len() > INDEX_ABOVE {", "        if false {")],
         TEST + ["-p", "kvtier", "--lib", "a_key_shared_by_many_requests"],
     ),
     Mutation(
         "L11-maps-shrink-after-cleanup",
         "the table's maps keep their peak capacity after every request was cleaned up",
-        "src/lookup/table.rs",
         [("    if map.capacity() > SPARE_SLOTS && map.len() * 8 < map.capacity() {",
           "    if false {")],
         TEST + ["-p", "kvtier", "--release", "--test", "table_memory"],
@@ -363,7 +334,6 @@ MUTATIONS = [
     Mutation(
         "S11-record-step-dedupes-by-hash",
         "record_step finds duplicates by scanning the step's requests (quadratic)",
-        "src/save/scheduler.rs",
         [("            if listed.find(hash, |&i| requests[i] == request).is_some() {",
           "            if requests.contains(&request) {")],
         TEST + ["-p", "kvtier", "--test", "save", "recording_a_large_step"],
@@ -371,7 +341,6 @@ MUTATIONS = [
     Mutation(
         "L7-push-retries-its-cas",
         "a push stores its node over the head instead of a compare-and-swap (a racing push is lost)",
-        "src/publish.rs",
         [("            match self\n                .head\n                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)\n            {\n                Ok(_) => return,\n                Err(current) => head = current,\n            }",
           "            self.head.store(node, Ordering::Release);\n            return;")],
         TEST + ["-p", "kvtier", "--release", "--lib", "loom_models"],
@@ -380,7 +349,6 @@ MUTATIONS = [
     Mutation(
         "S6-multi-forwards-to-all",
         "MultiConnector stops forwarding request_finished at the first connector that delays",
-        "src/save/compose.rs",
         [("            .inner\n            .iter_mut()\n            .map(|connector| match connector.request_finished(request) {",
           "            .inner\n            .iter_mut()\n            .take(1)\n            .map(|connector| match connector.request_finished(request) {")],
         TEST + ["--test", "save", "a_multi_connector_forwards"],
@@ -388,7 +356,6 @@ MUTATIONS = [
     Mutation(
         "S2-multi-counts-per-connector",
         "MultiConnector counts reports per request: a second report from one connector stands in for another's",
-        "src/save/compose.rs",
         [("                    Owed::Reported => Some(ReportError::Duplicate {\n                        worker: connector,\n                        request,\n                    }),",
           "                    Owed::Reported => {\n                        if let Some(other) = owed.iter_mut().find(|o| **o == Owed::Report) {\n                            *other = Owed::Reported;\n                        }\n                        if !owed.contains(&Owed::Report) {\n                            self.outstanding.remove(&request);\n                            report.free.push(request);\n                        }\n                        None\n                    }")],
         TEST + ["--test", "save", "a_multi_connector_counts_reports_per_connector"],
@@ -396,7 +363,6 @@ MUTATIONS = [
     Mutation(
         "S3-aggregator-keeps-the-batch",
         "ReportAggregator::report stops at the first refused report, swallowing the frees it had taken",
-        "src/save/compose.rs",
         [("                    .push(ReportError::Unexpected { worker, request });\n                continue;",
           "                    .push(ReportError::Unexpected { worker, request });\n                return Ok(Report { free: Vec::new(), refused: report.refused });")],
         TEST + ["--test", "save", "a_refused_report_never_swallows"],
@@ -404,7 +370,6 @@ MUTATIONS = [
     Mutation(
         "T1-concurrency-bound",
         "flush starts a runner for every queued group, ignoring max_concurrent_groups",
-        "src/lookup/tasks.rs",
         [("let free = self.max_concurrent_groups - pool.running;",
           "let free = usize::MAX - pool.running;")],
         TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "with_one_slot"],
@@ -412,7 +377,6 @@ MUTATIONS = [
     Mutation(
         "T2-cancelled-group-published",
         "an aborted runner drops the group it was probing instead of publishing it as cancelled",
-        "src/lookup/tasks.rs",
         [("for group in self.current.take().into_iter().chain(pool.queue.drain(..)) {",
           "for group in pool.queue.drain(..) {")],
         TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "defect_6"],
@@ -420,7 +384,6 @@ MUTATIONS = [
     Mutation(
         "T2-queue-cancelled-with-runner",
         "a runner dropped by a dying runtime leaves the queued groups stranded",
-        "src/lookup/tasks.rs",
         [("for group in self.current.take().into_iter().chain(pool.queue.drain(..)) {",
           "for group in self.current.take() {")],
         TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "cancelled_if_it_goes_away"],
@@ -428,14 +391,12 @@ MUTATIONS = [
     Mutation(
         "T3-abort-at-shutdown",
         "shutdown does not abort running tasks, so a hung call is never cancelled",
-        "src/lookup/tasks.rs",
         [("            task.abort();\n", "            drop(task);\n")],
         TEST + ["-p", "kvtier", "--features", "tokio", "--test", "tokio_driver", "defect_6"],
     ),
     Mutation(
         "T3-grace-deadline",
         "shutdown waits for every outstanding group, however long (the reference's hang)",
-        "src/lookup/tasks.rs",
         [("                    if now >= deadline {\n                        break;\n                    }\n                    shared.progress.wait_timeout(pool, deadline - now)",
           "                    shared.progress.wait_timeout(pool, deadline.saturating_duration_since(now))")],
         MODELS + ["shuttle_tasks", "shutdown_cancels"],
@@ -444,7 +405,6 @@ MUTATIONS = [
     Mutation(
         "T3-runner-exit-notifies",
         "a runner that runs out of work exits without waking a shutdown waiting for it",
-        "src/lookup/tasks.rs",
         [("                        drop(pool);\n                        // Shutdown may be waiting for the runners to exit.\n                        self.shared.progress.notify_all();\n",
           "                        drop(pool);\n")],
         MODELS + ["shuttle_tasks", "concurrent_groups"],
@@ -453,7 +413,6 @@ MUTATIONS = [
     Mutation(
         "T4-group-timeout",
         "backend calls are not bounded by the group timeout",
-        "src/lookup/tasks.rs",
         [("match task::timeout(timeout, call).await {", "match Some(call.await) {")],
         MODELS + ["shuttle_tasks", "concurrent_groups"],
         dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
@@ -461,7 +420,6 @@ MUTATIONS = [
     Mutation(
         "F1-atomic-publish",
         "a save writes the block under its final name instead of renaming a finished temporary file",
-        "src/tier/fs.rs",
         [("    let (mut file, tmp) = create_temp(path, &name)?;",
           "    let (mut file, tmp) = (File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
          ("        fs::rename(&tmp, path)\n", "        Ok(())\n")],
@@ -470,14 +428,12 @@ MUTATIONS = [
     Mutation(
         "F2-checksum",
         "load does not compare the payload with its checksum",
-        "src/tier/format.rs",
         [("    if crc32fast::hash(payload) != checksum {", "    if crc32fast::hash(payload) != checksum && false {")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "damaged"],
     ),
     Mutation(
         "F2-length",
         "load accepts a block shorter than its header says",
-        "src/tier/format.rs",
         [("    if found < length {", "    if found < length && false {")],
         # The fs tier compares the file's size with the header before it
         # decodes, so the decoder's own check is seen by its unit test and by
@@ -487,14 +443,12 @@ MUTATIONS = [
     Mutation(
         "F3-failed-write-cleans-up",
         "a failed save leaves its temporary file behind",
-        "src/tier/fs.rs",
         [("        let _ = fs::remove_file(&tmp);\n", "")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "refuses"],
     ),
     Mutation(
         "F4-only-hex-names-skip-encoding",
         "an object location skips percent-encoding even for a name with characters that need it",
-        "src/tier/object.rs",
         [("            .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'.')",
           "            .all(|_| true)")],
         TEST + ["-p", "kvtier", "--lib", "tier::object"],
@@ -502,35 +456,30 @@ MUTATIONS = [
     Mutation(
         "F5-load-checks-the-promised-length",
         "a load reads whatever length a block's header promises, past max_block_bytes",
-        "src/tier/fs.rs",
         [("    if length > limit {", "    if false {")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "a_load_is_bounded"],
     ),
     Mutation(
         "F6-store-refuses-linked-shards",
         "a store writes through a shard directory linked outside the root",
-        "src/tier/fs.rs",
         [("        if !follow {\n            refuse_link(dir)?;", "        if false {\n            refuse_link(dir)?;")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "symlinks_below_the_root"],
     ),
     Mutation(
         "F7-a-long-key-fails-alone",
         "a key too long for a file name is stat'ed, and its error fails the whole group",
-        "src/tier/fs.rs",
         [("                if !relative_name_fits(&name) {", "                if false {")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "a_key_too_long"],
     ),
     Mutation(
         "F8-endpoint-has-no-query",
         "an endpoint with a query is accepted (every HEAD of a block becomes a HEAD of the bucket)",
-        "src/tier/s3.rs",
         [("    if parsed.query().is_some() {", "    if false {")],
         TEST + ["-p", "kvtier", "--lib", "tier::s3"],
     ),
     Mutation(
         "F8-endpoint-is-canonical",
         "an endpoint the URL parser rewrites is accepted as written (object_store then panics on it)",
-        "src/tier/s3.rs",
         [("    if parsed.as_str().trim_end_matches('/') != endpoint.trim_end_matches('/') {",
           "    if false {")],
         TEST + ["-p", "kvtier", "--lib", "tier::s3"],
@@ -538,7 +487,6 @@ MUTATIONS = [
     Mutation(
         "S9-poll-never-waits",
         "a poll waits for a task whose check panicked",
-        "src/save/tracker.rs",
         [("                    let message = take_panic(payload);",
           "                    let message = take_panic(payload);\n                    done.push(id);")],
         TEST + ["-p", "kvtier", "--test", "save", "a_panicking_check_never"],
@@ -556,20 +504,78 @@ def sync_scratch():
     return src
 
 
+GUARD_WINDOW = 12
+GUARD_TAG = re.compile(r"^[ \t]*// guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
+
+
+def guard_tags(tree):
+    """{id: [(file, line)]} for every `// guard: <id>` line under src/,
+    lines counted in the file with every tag line removed."""
+    tags = {}
+    for folder, _, files in os.walk(os.path.join(tree, "src")):
+        for name in sorted(files):
+            if not name.endswith(".rs"):
+                continue
+            path = os.path.join(folder, name)
+            kept = 0
+            for line in open(path).read().split("\n"):
+                match = GUARD_TAG.match(line)
+                if match:
+                    tags.setdefault(match.group(1), []).append((os.path.relpath(path, tree), kept))
+                else:
+                    kept += 1
+    return tags
+
+
+def locate(mutation, tree):
+    """(file, untagged text, [(start, end)] windows) for the mutation's
+    tags, or a reason why they cannot be used."""
+    places = guard_tags(tree).get(mutation.id)
+    if not places:
+        return f"no `// guard: {mutation.id}` tag under src/"
+    files = {file for file, _ in places}
+    if len(files) != 1:
+        return f"the tags of {mutation.id} are in several files: {sorted(files)}"
+    file = places[0][0]
+    lines = [l for l in open(os.path.join(tree, file)).read().split("\n") if not GUARD_TAG.match(l)]
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line) + 1)
+    windows = [(offsets[n], offsets[min(n + GUARD_WINDOW, len(lines))]) for _, n in places]
+    return file, "\n".join(lines), windows
+
+
 def mutate(mutation, tree):
-    """Writes the mutated file into the scratch tree; returns the original
-    text, or None when the text to mutate is not found exactly once."""
-    path = os.path.join(tree, mutation.file)
+    """Writes the mutated file into the scratch tree (without its guard tags,
+    which are comments); returns (file, original text), or a string saying
+    why the mutation is stale."""
+    located = locate(mutation, tree)
+    if isinstance(located, str):
+        return located
+    file, text, windows = located
+    path = os.path.join(tree, file)
     # From the scratch copy, not the working tree: the tree may be edited
     # while a long run goes on.
     original = open(path).read()
-    text = original
     for old, new in mutation.edits:
-        if text.count(old) != 1:
-            return None
-        text = text.replace(old, new)
+        hits = [start + i for start, end in windows for i in find_all(text[start:end], old)]
+        hits = sorted(set(hits))
+        if len(hits) != 1:
+            return f"`{old.strip()[:50]}` occurs {len(hits)} times after the {mutation.id} tags in {file}"
+        at = hits[0]
+        text = text[:at] + new + text[at + len(old):]
+        shift = len(new) - len(old)
+        windows = [(s if s <= at else s + shift, e if e <= at else e + shift) for s, e in windows]
     open(path, "w").write(text)
-    return original
+    return file, original
+
+
+def find_all(text, needle):
+    found, at = [], text.find(needle)
+    while at != -1:
+        found.append(at)
+        at = text.find(needle, at + 1)
+    return found
 
 
 def target_dir(env):
@@ -596,13 +602,14 @@ def check(command, env_extra, tree):
 
 
 def run(mutation, tree):
-    original = mutate(mutation, tree)
-    if original is None:
-        return "STALE", f"the text to mutate does not occur exactly once in {mutation.file}; update mutants.py"
+    mutated = mutate(mutation, tree)
+    if isinstance(mutated, str):
+        return "STALE", mutated + "; update the tag or mutants.py"
+    file, original = mutated
     try:
         return check(mutation.check, mutation.env, tree)
     finally:
-        open(os.path.join(tree, mutation.file), "w").write(original)
+        open(os.path.join(tree, file), "w").write(original)
 
 
 def baseline(checks, tree):
@@ -624,18 +631,19 @@ def matrix(selected, tree):
         print("| mutation | " + " | ".join(suites) + " |")
         print("|---|" + "---|" * len(suites))
         for mutation in mutations:
-            original = mutate(mutation, tree)
-            if original is None:
-                print(f"| {mutation.id} | STALE |")
+            mutated = mutate(mutation, tree)
+            if isinstance(mutated, str):
+                print(f"| {mutation.id} | STALE: {mutated} |")
                 uncaught += 1
                 continue
+            file, original = mutated
             cells = []
             try:
                 for command, env in suites.values():
                     verdict, _ = check(command, env, tree)
                     cells.append({"CAUGHT": "caught", "SURVIVED": "-", "BROKEN": "BROKEN"}[verdict])
             finally:
-                open(os.path.join(tree, mutation.file), "w").write(original)
+                open(os.path.join(tree, file), "w").write(original)
             uncaught += "caught" not in cells
             print(f"| {mutation.id} | " + " | ".join(cells) + " |", flush=True)
         print()

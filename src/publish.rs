@@ -67,8 +67,10 @@ impl<T> PublishStack<T> {
             unsafe { (*node).slot.with_mut(|slot| (*slot).next = head) };
             // Release: the node's contents (and everything the worker did to
             // produce them) happen-before the consumer's Acquire swap.
+            // guard: L7-push-retries-its-cas
             match self
                 .head
+                // guard: L7-release-publication
                 .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
             {
                 Ok(_) => return,
@@ -101,6 +103,7 @@ impl<T> PublishStack<T> {
             taken.extend(value);
         }
         // The stack yields newest first; publication order is the reverse.
+        // guard: L7-publication-order
         taken.reverse();
         taken
     }

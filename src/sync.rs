@@ -210,7 +210,7 @@ pub(crate) fn unique_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Async tasks, for the [`TokioLookup`](crate::TokioLookup) driver: a
+/// Async tasks, for the [`TokioProber`](crate::lookup::TokioProber): a
 /// `Spawner` to start tasks on, a `Task` handle to abort them, and a
 /// `timeout` combinator. On tokio by default (feature `tokio`); on
 /// shuttle's executor under `--cfg kvtier_shuttle`, so the same driver code

@@ -6,21 +6,21 @@ mod common;
 use std::sync::mpsc::channel;
 
 use common::{Call, Harness, next_call, req};
-use kvtier::{AsyncLookup, LookupBackend, LookupError, Verdict};
+use kvtier::{LookupError, Verdict, lookup::Backend, lookup::ThreadLookup};
 
 #[test]
 fn keys_resolve_as_the_backend_answers() {
     let harness = Harness::new([2, 4]);
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
     let a = req("a");
     for key in [1, 2, 3, 4] {
-        assert_eq!(lookup.lookup(&key, &a).unwrap(), Verdict::Pending);
+        assert_eq!(lookup.lookup(&key, &a), Verdict::Pending);
     }
     assert_eq!(lookup.flush().unwrap(), 4);
     lookup.wait_idle().unwrap();
     let verdicts: Vec<bool> = [1, 2, 3, 4]
         .iter()
-        .map(|key| lookup.lookup(key, &a).unwrap().is_hit())
+        .map(|key| lookup.lookup(key, &a).is_hit())
         .collect();
     assert_eq!(verdicts, [false, true, false, true]);
     assert_eq!(
@@ -35,11 +35,11 @@ fn keys_resolve_as_the_backend_answers() {
 #[test]
 fn one_backend_call_per_request_group_in_first_appearance_order() {
     let harness = Harness::new([]);
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&1, &req("b")).unwrap();
-    lookup.lookup(&2, &req("a")).unwrap();
-    lookup.lookup(&3, &req("b")).unwrap();
-    lookup.lookup(&2, &req("b")).unwrap(); // known key: not probed again
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&1, &req("b"));
+    lookup.lookup(&2, &req("a"));
+    lookup.lookup(&3, &req("b"));
+    lookup.lookup(&2, &req("b")); // known key: not probed again
     lookup.flush().unwrap();
     assert_eq!(lookup.flush().unwrap(), 0, "nothing new: nothing submitted");
     lookup.wait_idle().unwrap();
@@ -56,18 +56,18 @@ fn one_backend_call_per_request_group_in_first_appearance_order() {
 fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
     let mut harness = Harness::new([1, 2]);
     let release_slow = harness.gate("slow");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&1, &req("fast")).unwrap();
-    lookup.lookup(&2, &req("slow")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&1, &req("fast"));
+    lookup.lookup(&2, &req("slow"));
     lookup.flush().unwrap();
     assert_eq!(next_call(&harness.started).request, "fast");
     // The worker publishes "fast" before it calls the backend for "slow".
     assert_eq!(next_call(&harness.started).request, "slow");
-    assert!(lookup.lookup(&1, &req("fast")).unwrap().is_hit());
-    assert!(lookup.lookup(&2, &req("slow")).unwrap().is_pending());
+    assert!(lookup.lookup(&1, &req("fast")).is_hit());
+    assert!(lookup.lookup(&2, &req("slow")).is_pending());
     release_slow.send(()).unwrap();
     lookup.wait_idle().unwrap();
-    assert!(lookup.lookup(&2, &req("slow")).unwrap().is_hit());
+    assert!(lookup.lookup(&2, &req("slow")).is_hit());
 }
 
 #[test]
@@ -77,21 +77,21 @@ fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
     // very next lookup in the same step, with no flush in between, sees it.
     let mut harness = Harness::new([7]);
     let release = harness.gate("a");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&7, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&7, &req("a"));
     lookup.flush().unwrap();
-    lookup.lookup(&8, &req("b")).unwrap();
+    lookup.lookup(&8, &req("b"));
     lookup.flush().unwrap(); // the step's last flush
     assert_eq!(next_call(&harness.started).request, "a");
     assert!(
-        lookup.lookup(&7, &req("a")).unwrap().is_pending(),
+        lookup.lookup(&7, &req("a")).is_pending(),
         "first lookup after the flush"
     );
     release.send(()).unwrap();
     // b's call starts only after a's answer was published.
     assert_eq!(next_call(&harness.started).request, "b");
     assert!(
-        lookup.lookup(&7, &req("a")).unwrap().is_hit(),
+        lookup.lookup(&7, &req("a")).is_hit(),
         "second lookup, same step"
     );
 }
@@ -100,15 +100,15 @@ fn defect_3_answers_published_mid_step_are_seen_by_the_next_lookup() {
 fn answers_from_several_steps_all_become_visible() {
     let mut harness = Harness::new([1, 2, 3]);
     let release = harness.gate("s1");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
     for (step, key) in [("s1", 1), ("s2", 2), ("s3", 3)] {
-        lookup.lookup(&key, &req(step)).unwrap();
+        lookup.lookup(&key, &req(step));
         lookup.flush().unwrap();
     }
     release.send(()).unwrap();
     assert_eq!(lookup.wait_idle().unwrap(), 3);
     for (step, key) in [("s1", 1), ("s2", 2), ("s3", 3)] {
-        assert!(lookup.lookup(&key, &req(step)).unwrap().is_hit());
+        assert!(lookup.lookup(&key, &req(step)).is_hit());
     }
 }
 
@@ -116,16 +116,16 @@ fn answers_from_several_steps_all_become_visible() {
 fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
     let mut harness = Harness::new([5]);
     let release = harness.gate("a");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&5, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&5, &req("a"));
     lookup.flush().unwrap();
     next_call(&harness.started);
-    lookup.cleanup(&req("a")).unwrap();
-    assert!(lookup.lookup(&5, &req("b")).unwrap().is_pending());
+    lookup.cleanup(&req("a"));
+    assert!(lookup.lookup(&5, &req("b")).is_pending());
     assert_eq!(lookup.flush().unwrap(), 0, "b joins a's probe");
     release.send(()).unwrap();
     lookup.wait_idle().unwrap();
-    assert!(lookup.lookup(&5, &req("b")).unwrap().is_hit());
+    assert!(lookup.lookup(&5, &req("b")).is_hit());
     assert_eq!(lookup.stats().keys_submitted, 1);
 }
 
@@ -133,16 +133,16 @@ fn cleanup_in_flight_lets_the_next_request_join_the_probe() {
 fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
     let mut harness = Harness::new([5]);
     let release = harness.gate("a");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&5, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&5, &req("a"));
     lookup.flush().unwrap();
     next_call(&harness.started);
-    lookup.cleanup(&req("a")).unwrap();
+    lookup.cleanup(&req("a"));
     release.send(()).unwrap();
     lookup.wait_idle().unwrap();
     assert!(lookup.table().is_empty());
     assert_eq!(lookup.stats().orphans_dropped, 1);
-    assert!(lookup.lookup(&5, &req("b")).unwrap().is_pending());
+    assert!(lookup.lookup(&5, &req("b")).is_pending());
     assert_eq!(lookup.flush().unwrap(), 1, "probed afresh");
 }
 
@@ -150,46 +150,43 @@ fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
 fn defect_1_late_mark_miss_after_recreate_leaves_the_new_lookup_intact() {
     let mut harness = Harness::new([9]);
     let release = harness.gate("b");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&9, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&9, &req("a"));
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
     assert_eq!(next_call(&harness.started).request, "a");
-    let Verdict::Hit(ticket) = lookup.lookup(&9, &req("a")).unwrap() else {
+    let Verdict::Hit(ticket) = lookup.lookup(&9, &req("a")) else {
         panic!("9 is stored")
     };
     // The load of gen 0 starts; a finishes; b looks 9 up again (gen 1, in flight).
-    lookup.cleanup(&req("a")).unwrap();
-    lookup.lookup(&9, &req("b")).unwrap();
+    lookup.cleanup(&req("a"));
+    lookup.lookup(&9, &req("b"));
     lookup.flush().unwrap();
     assert_eq!(next_call(&harness.started).request, "b");
     // The gen-0 load fails now, while gen 1 is in flight.
-    assert!(!lookup.mark_miss(&ticket).unwrap());
-    assert_eq!(lookup.mark_miss_keys([&9]).unwrap(), 0);
+    assert!(!lookup.mark_miss(&ticket));
+    assert_eq!(lookup.mark_miss_keys([&9]), 0);
     release.send(()).unwrap();
     lookup.wait_idle().unwrap();
-    assert!(
-        lookup.lookup(&9, &req("b")).unwrap().is_hit(),
-        "gen 1's own answer"
-    );
+    assert!(lookup.lookup(&9, &req("b")).is_hit(), "gen 1's own answer");
     // And once gen 1 resolved, a stale ticket still cannot flip it.
-    assert!(!lookup.mark_miss(&ticket).unwrap());
-    assert!(lookup.lookup(&9, &req("b")).unwrap().is_hit());
+    assert!(!lookup.mark_miss(&ticket));
+    assert!(lookup.lookup(&9, &req("b")).is_hit());
     assert_eq!(lookup.stats().anomalies, 0);
 }
 
 #[test]
 fn mark_miss_stops_the_failed_load_livelock_without_reprobing() {
     let harness = Harness::new([3]);
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&3, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&3, &req("a"));
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
-    let Verdict::Hit(ticket) = lookup.lookup(&3, &req("a")).unwrap() else {
+    let Verdict::Hit(ticket) = lookup.lookup(&3, &req("a")) else {
         panic!("3 is stored")
     };
-    assert!(lookup.mark_miss(&ticket).unwrap());
-    assert!(lookup.lookup(&3, &req("a")).unwrap().is_miss());
+    assert!(lookup.mark_miss(&ticket));
+    assert!(lookup.lookup(&3, &req("a")).is_miss());
     assert_eq!(lookup.flush().unwrap(), 0);
     assert_eq!(harness.started.try_iter().count(), 1);
 }
@@ -197,7 +194,7 @@ fn mark_miss_stops_the_failed_load_livelock_without_reprobing() {
 /// A backend whose faults are scripted per request id.
 struct Faulty;
 
-impl LookupBackend<u64, String> for Faulty {
+impl Backend<u64, String> for Faulty {
     type Answers = Box<dyn Iterator<Item = bool>>;
     type Error = String;
 
@@ -223,7 +220,7 @@ impl LookupBackend<u64, String> for Faulty {
 
 #[test]
 fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
-    let mut lookup = AsyncLookup::new(Faulty).unwrap();
+    let mut lookup = ThreadLookup::threaded(Faulty).unwrap();
     let cases = [
         "error",
         "panic-in-call",
@@ -235,17 +232,15 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
     // All faults in one submission: later groups must still be answered.
     for (i, case) in cases.iter().enumerate() {
         for k in 0..3u64 {
-            lookup.lookup(&(i as u64 * 10 + k), &req(case)).unwrap();
+            lookup.lookup(&(i as u64 * 10 + k), &req(case));
         }
     }
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
-    let hits = |lookup: &mut AsyncLookup<u64, String, Faulty>, i: u64| -> Vec<bool> {
+    let hits = |lookup: &mut ThreadLookup<u64, String>, i: u64| -> Vec<bool> {
         (0..3)
             .map(|k| {
-                let verdict = lookup
-                    .lookup(&(i * 10 + k), &req(cases[i as usize]))
-                    .unwrap();
+                let verdict = lookup.lookup(&(i * 10 + k), &req(cases[i as usize]));
                 assert!(!verdict.is_pending(), "no key stays in flight");
                 verdict.is_hit()
             })
@@ -268,54 +263,38 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
     assert_eq!(stats.surplus_results, 1);
 
     // The worker survived: a later step is served.
-    lookup.lookup(&100, &req("healthy")).unwrap();
+    lookup.lookup(&100, &req("healthy"));
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
-    assert!(lookup.lookup(&100, &req("healthy")).unwrap().is_hit());
+    assert!(lookup.lookup(&100, &req("healthy")).is_hit());
 
     for case in cases {
-        lookup.cleanup(&req(case)).unwrap();
+        lookup.cleanup(&req(case));
     }
-    lookup.shutdown().unwrap();
-    assert!(lookup.table().is_empty(), "no state leaked");
+    let final_table = lookup.shutdown().unwrap();
+    assert!(final_table.is_empty(), "no state leaked");
 }
 
 #[test]
 fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
     let mut harness = Harness::new([1, 2]);
     let release = harness.gate("s1");
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&1, &req("s1")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&1, &req("s1"));
     lookup.flush().unwrap();
-    lookup.lookup(&2, &req("s2")).unwrap();
+    lookup.lookup(&2, &req("s2"));
     lookup.flush().unwrap();
     next_call(&harness.started); // s1 in flight, s2 queued
     release.send(()).unwrap();
-    lookup.shutdown().unwrap();
+    let final_table = lookup.shutdown().unwrap();
     assert_eq!(
-        lookup.stats().groups_applied,
+        final_table.stats().groups_applied,
         2,
         "queued work done and applied"
     );
     assert_eq!(harness.started.try_iter().count(), 1, "s2 was probed too");
-    assert!(matches!(
-        lookup.lookup(&1, &req("s1")),
-        Err(LookupError::ShutDown)
-    ));
-    assert!(matches!(lookup.flush(), Err(LookupError::ShutDown)));
-    assert!(matches!(lookup.drain(), Err(LookupError::ShutDown)));
-    assert!(matches!(lookup.wait_idle(), Err(LookupError::ShutDown)));
-    assert!(matches!(
-        lookup.cleanup(&req("s1")),
-        Err(LookupError::ShutDown)
-    ));
-    assert!(matches!(
-        lookup.mark_miss_keys([&1]),
-        Err(LookupError::ShutDown)
-    ));
-    assert!(matches!(lookup.shutdown(), Err(LookupError::ShutDown)));
     // The table is still readable.
-    assert_eq!(lookup.table().len(), 2);
+    assert_eq!(final_table.len(), 2);
 }
 
 #[test]
@@ -325,9 +304,9 @@ fn dropping_the_driver_lets_the_worker_finish_and_joins_it() {
         done_tx.send(keys.to_vec()).unwrap();
         vec![true; keys.len()]
     };
-    let mut lookup = AsyncLookup::new(backend).unwrap();
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
     for step in 0..3u64 {
-        lookup.lookup(&step, &req("a")).unwrap();
+        lookup.lookup(&step, &req("a"));
         lookup.flush().unwrap();
     }
     drop(lookup);
@@ -341,18 +320,18 @@ fn dropping_the_driver_lets_the_worker_finish_and_joins_it() {
 #[test]
 fn drain_applies_published_answers_without_a_lookup() {
     let harness = Harness::new([4]);
-    let mut lookup = AsyncLookup::new(harness.backend).unwrap();
-    lookup.lookup(&4, &req("a")).unwrap();
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup.lookup(&4, &req("a"));
     lookup.flush().unwrap();
-    lookup.lookup(&5, &req("b")).unwrap();
+    lookup.lookup(&5, &req("b"));
     lookup.flush().unwrap();
     // Both calls started; the first one was published before the second began.
     next_call(&harness.started);
     next_call(&harness.started);
-    assert!(lookup.drain().unwrap() >= 1);
+    assert!(lookup.drain() >= 1);
     assert_eq!(
         lookup.table().key_state(&4).unwrap().phase,
-        kvtier::Phase::Resolved { found: true }
+        kvtier::lookup::Phase::Resolved { found: true }
     );
 }
 
@@ -376,28 +355,39 @@ impl kvtier::Request for PanicsOnTheWorker {
 #[test]
 fn a_lost_worker_is_reported_instead_of_hanging_the_scheduler() {
     let backend = |keys: &[u64], _request: &PanicsOnTheWorker| vec![true; keys.len()];
-    let mut lookup = AsyncLookup::new(backend).unwrap();
-    lookup.lookup(&1, &PanicsOnTheWorker(7)).unwrap();
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
+    lookup.lookup(&1, &PanicsOnTheWorker(7));
     lookup.flush().unwrap();
     // The worker dies on this group; waiting for it must end with an error.
     assert!(matches!(
         lookup.wait_idle(),
         Err(LookupError::WorkerLost(_))
     ));
-    lookup.lookup(&2, &PanicsOnTheWorker(7)).unwrap();
+    lookup.lookup(&2, &PanicsOnTheWorker(7));
     assert!(matches!(lookup.flush(), Err(LookupError::WorkerLost(_))));
     // Shutdown joins the dead worker and reports its panic.
-    match lookup.shutdown() {
-        Err(LookupError::WorkerLost(reason)) => {
-            assert!(reason.contains("request id read on the worker"), "{reason}")
+    let table = match lookup.shutdown() {
+        Err(error) => {
+            let (error, table) = error.into_parts();
+            let LookupError::WorkerLost(reason) = error else {
+                panic!("expected WorkerLost, got {error:?}");
+            };
+            assert!(reason.contains("request id read on the worker"), "{reason}");
+            table
         }
-        other => panic!("expected WorkerLost, got {other:?}"),
-    }
-    // The lost group's key stays in flight (documented on WorkerLost).
+        Ok(table) => panic!("expected WorkerLost, got {table:?}"),
+    };
+    // The group the worker took stays in flight (documented on
+    // WorkerLost); the one it refused was answered as cancelled.
     assert_eq!(
-        lookup.table().key_state(&1).unwrap().phase,
-        kvtier::Phase::InFlight
+        table.key_state(&1).unwrap().phase,
+        kvtier::lookup::Phase::InFlight
     );
+    assert_eq!(
+        table.key_state(&2).unwrap().phase,
+        kvtier::lookup::Phase::Resolved { found: false }
+    );
+    assert_eq!(table.stats().cancelled, 1);
 }
 
 /// A payload a backend panics with whose own `Drop` panics too.
@@ -420,18 +410,18 @@ fn a_panic_payload_whose_drop_panics_does_not_kill_the_worker() {
         }
         keys.iter().map(|_| true).collect()
     };
-    let mut lookup = AsyncLookup::new(backend).unwrap();
-    lookup.lookup(&1, &req("hostile")).unwrap();
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
+    lookup.lookup(&1, &req("hostile"));
     lookup.flush().unwrap();
     lookup.wait_idle().expect("the worker is alive");
-    assert!(lookup.lookup(&1, &req("hostile")).unwrap().is_miss());
-    lookup.lookup(&2, &req("fine")).unwrap();
+    assert!(lookup.lookup(&1, &req("hostile")).is_miss());
+    lookup.lookup(&2, &req("fine"));
     lookup.flush().unwrap();
     lookup.wait_idle().expect("the worker is still alive");
-    assert!(lookup.lookup(&2, &req("fine")).unwrap().is_hit());
+    assert!(lookup.lookup(&2, &req("fine")).is_hit());
     assert_eq!(lookup.stats().backend_panics, 1);
-    lookup.cleanup(&req("hostile")).unwrap();
-    lookup.cleanup(&req("fine")).unwrap();
-    lookup.shutdown().unwrap();
-    assert!(lookup.table().is_empty());
+    lookup.cleanup(&req("hostile"));
+    lookup.cleanup(&req("fine"));
+    let final_table = lookup.shutdown().unwrap();
+    assert!(final_table.is_empty());
 }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kvtier::{
-    AsyncLookup, BlockKey, Corruption, FsOptions, FsTier, SaveScheduler, SaveTracker, StoreTask,
-    TaskError, TierError, Verdict,
+    BlockKey, FsTier, SaveScheduler, SaveTracker, StoreTask, TierError, Verdict,
+    lookup::ThreadLookup, save::TaskError, tier::Corruption, tier::FsOptions,
 };
 
 fn tier() -> (tempfile::TempDir, FsTier) {
@@ -293,7 +293,7 @@ fn dropping_the_tier_finishes_every_queued_save() {
 fn the_save_tracker_frees_a_request_only_after_its_fs_saves_are_published() {
     let (_root, tier) = tier();
     let mut scheduler = SaveScheduler::new();
-    let mut worker: SaveTracker<String, kvtier::FsSaveTask> = SaveTracker::new();
+    let mut worker: SaveTracker<String, kvtier::tier::FsSaveTask> = SaveTracker::new();
     let request = "req-1".to_string();
     let step = scheduler.record_step([(request.clone(), 2)]);
     worker.begin_step(&step);
@@ -330,42 +330,42 @@ fn the_thread_driver_looks_blocks_up_on_disk_and_a_failed_load_becomes_a_miss() 
     tier.store(&2u64, &payload(2)).unwrap();
     // Block 2 is damaged after it was published.
     fs::write(tier.path_of(&2u64), b"garbage").unwrap();
-    let mut lookup = AsyncLookup::new(tier.clone()).unwrap();
+    let mut lookup = ThreadLookup::threaded(tier.clone()).unwrap();
     let request = "req".to_string();
     for key in [1u64, 2, 3] {
-        assert_eq!(lookup.lookup(&key, &request).unwrap(), Verdict::Pending);
+        assert_eq!(lookup.lookup(&key, &request), Verdict::Pending);
     }
     lookup.flush().unwrap();
     lookup.wait_idle().unwrap();
-    assert!(lookup.lookup(&1, &request).unwrap().is_hit());
-    assert!(lookup.lookup(&3, &request).unwrap().is_miss());
-    let Verdict::Hit(ticket) = lookup.lookup(&2, &request).unwrap() else {
+    assert!(lookup.lookup(&1, &request).is_hit());
+    assert!(lookup.lookup(&3, &request).is_miss());
+    let Verdict::Hit(ticket) = lookup.lookup(&2, &request) else {
         panic!("a file that exists is a hit")
     };
     assert!(tier.load(ticket.key()).is_err());
-    assert!(lookup.mark_miss(&ticket).unwrap());
-    assert!(lookup.lookup(&2, &request).unwrap().is_miss());
+    assert!(lookup.mark_miss(&ticket));
+    assert!(lookup.lookup(&2, &request).is_miss());
     lookup.shutdown().unwrap();
 }
 
 #[cfg(feature = "tokio")]
 #[test]
 fn the_tokio_driver_looks_blocks_up_on_disk() {
-    use kvtier::{TokioConfig, TokioLookup};
+    use kvtier::{lookup::TokioConfig, lookup::TokioLookup};
 
     let (_root, tier) = tier();
     let keys: Vec<u64> = (0..40).collect();
     for key in keys.iter().filter(|key| *key % 3 == 0) {
         tier.store(key, &payload(*key as u32)).unwrap();
     }
-    let mut lookup = TokioLookup::new(tier, TokioConfig::default()).unwrap();
+    let mut lookup = TokioLookup::tokio(tier, TokioConfig::default()).unwrap();
     for (i, key) in keys.iter().enumerate() {
-        lookup.lookup(key, &format!("req-{}", i % 4)).unwrap();
+        lookup.lookup(key, &format!("req-{}", i % 4));
     }
     assert_eq!(lookup.flush().unwrap(), keys.len());
     lookup.wait_idle().unwrap();
     for (i, key) in keys.iter().enumerate() {
-        let verdict = lookup.lookup(key, &format!("req-{}", i % 4)).unwrap();
+        let verdict = lookup.lookup(key, &format!("req-{}", i % 4));
         assert_eq!(verdict.is_hit(), key % 3 == 0, "key {key}");
     }
     assert_eq!(lookup.stats().groups_applied, 4);
@@ -653,7 +653,8 @@ fn a_key_too_long_for_a_file_name_affects_only_itself() {
     }
     // In one group with a stored neighbour: the neighbour is still a hit.
     let group = vec![fits.clone(), far_too_long.clone(), too_long.clone()];
-    let answers = kvtier::LookupBackend::batch_lookup(&mut tier, &group, &"r".to_string()).unwrap();
+    let answers =
+        kvtier::lookup::Backend::batch_lookup(&mut tier, &group, &"r".to_string()).unwrap();
     assert_eq!(answers, [true, false, false]);
     let task = tier.save(&far_too_long, b"x".to_vec());
     assert!(matches!(task.wait(), Err(TaskError::Failed(_))));

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::s3::{S3Server, unique_bucket};
 use kvtier::{
-    Corruption, ObjectTier, S3Options, SaveScheduler, SaveTracker, StoreTask, TaskError, TierError,
-    TokioConfig, TokioLookup,
+    ObjectTier, SaveScheduler, SaveTracker, StoreTask, TierError, lookup::TokioConfig,
+    lookup::TokioLookup, save::TaskError, tier::Corruption, tier::S3Options,
 };
 use object_store::ObjectStoreExt;
 
@@ -147,7 +147,7 @@ fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
 
         // Saves through the save tracker: reported only once the puts are done.
         let mut scheduler = SaveScheduler::new();
-        let mut worker: SaveTracker<String, kvtier::ObjectSaveTask> = SaveTracker::new();
+        let mut worker: SaveTracker<String, kvtier::tier::ObjectSaveTask> = SaveTracker::new();
         let request = "req-1".to_string();
         worker.begin_step(&scheduler.record_step([(request.clone(), 3)]));
         for key in 10u64..13 {
@@ -163,14 +163,14 @@ fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
         assert_eq!(worker.stats().task_failures, 0);
 
         // Lookups through the tokio driver, several groups at once.
-        let mut lookup = TokioLookup::new(tier.clone(), TokioConfig::default()).unwrap();
+        let mut lookup = TokioLookup::tokio(tier.clone(), TokioConfig::default()).unwrap();
         for key in 8u64..15 {
-            lookup.lookup(&key, &format!("req-{}", key % 3)).unwrap();
+            lookup.lookup(&key, &format!("req-{}", key % 3));
         }
         lookup.flush().unwrap();
         lookup.wait_idle().unwrap();
         for key in 8u64..15 {
-            let verdict = lookup.lookup(&key, &format!("req-{}", key % 3)).unwrap();
+            let verdict = lookup.lookup(&key, &format!("req-{}", key % 3));
             assert_eq!(verdict.is_hit(), (10..13).contains(&key), "key {key}");
         }
         lookup.shutdown().unwrap();
@@ -233,15 +233,15 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
             .max_concurrent_groups(2)
             .group_timeout(Some(Duration::from_secs(3)))
             .shutdown_grace(Duration::from_secs(1));
-        let mut lookup = TokioLookup::new(tier.clone(), config).unwrap();
+        let mut lookup = TokioLookup::tokio(tier.clone(), config).unwrap();
         let before = "before".to_string();
         for key in 0u64..4 {
-            lookup.lookup(&key, &before).unwrap();
+            lookup.lookup(&key, &before);
         }
         lookup.flush().unwrap();
         lookup.wait_idle().unwrap();
         for key in 0u64..4 {
-            assert!(lookup.lookup(&key, &before).unwrap().is_hit());
+            assert!(lookup.lookup(&key, &before).is_hit());
         }
 
         server.stop();
@@ -250,12 +250,12 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         // either a counted request error or a counted timeout.
         let after = "after".to_string();
         for key in 100u64..104 {
-            lookup.lookup(&key, &after).unwrap();
+            lookup.lookup(&key, &after);
         }
         lookup.flush().unwrap();
         lookup.wait_idle().unwrap();
         for key in 100u64..104 {
-            assert!(lookup.lookup(&key, &after).unwrap().is_miss(), "key {key}");
+            assert!(lookup.lookup(&key, &after).is_miss(), "key {key}");
         }
         let errors = tier.stats().lookup_errors;
         let timeouts = lookup.stats().timeouts;
@@ -267,7 +267,7 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         // A save during the outage fails; the request is still reported, so
         // its blocks are freed rather than held forever.
         let mut scheduler = SaveScheduler::new();
-        let mut worker: SaveTracker<String, kvtier::ObjectSaveTask> = SaveTracker::new();
+        let mut worker: SaveTracker<String, kvtier::tier::ObjectSaveTask> = SaveTracker::new();
         let request = "req".to_string();
         worker.begin_step(&scheduler.record_step([(request.clone(), 1)]));
         let task = tier.save(&7u64, vec![7; 64], runtime.handle());
@@ -280,8 +280,8 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         );
         assert_eq!(worker.stats().task_failures, 1);
 
-        lookup.shutdown().unwrap();
-        assert_eq!(lookup.stats().anomalies, 0);
+        let final_table = lookup.shutdown().unwrap();
+        assert_eq!(final_table.stats().anomalies, 0);
     });
 }
 
@@ -368,15 +368,15 @@ fn a_tier_bounds_its_requests_in_flight_over_all_groups() {
         let config = TokioConfig::default()
             .max_concurrent_groups(16)
             .group_timeout(Some(Duration::from_secs(60)));
-        let mut lookup = TokioLookup::new(tier, config).unwrap();
+        let mut lookup = TokioLookup::tokio(tier, config).unwrap();
         let requests: Vec<String> = (0..16).map(|r| format!("r{r}")).collect();
         for key in 0..512u64 {
-            lookup.lookup(&key, &requests[key as usize % 16]).unwrap();
+            lookup.lookup(&key, &requests[key as usize % 16]);
         }
         assert_eq!(lookup.flush().unwrap(), 512);
         lookup.wait_idle().unwrap();
         for key in 0..512u64 {
-            let verdict = lookup.lookup(&key, &requests[key as usize % 16]).unwrap();
+            let verdict = lookup.lookup(&key, &requests[key as usize % 16]);
             assert!(verdict.is_miss(), "{key}: {verdict:?}");
         }
         assert_eq!(server.requests(), 512);

@@ -6,8 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kvtier::{
-    CompletionMode, CompletionTask, MultiConnector, Report, ReportAggregator, ReportError,
-    SaveScheduler, SaveTracker, SchedulerConnector, StoreTask, TaskError, WorkerConnector,
+    SaveScheduler, SaveTracker, StoreTask, save::CompletionMode, save::CompletionTask,
+    save::MultiConnector, save::Report, save::ReportAggregator, save::ReportError,
+    save::SchedulerConnector, save::TaskError, save::WorkerConnector,
 };
 
 /// How a scripted task ends when waited for.

@@ -1,7 +1,9 @@
 //! The sans-IO table on its own: the reference's pinned behaviours and its
 //! defects, step by step, with the test playing the worker.
 
-use kvtier::{GroupOutcome, GroupResult, LookupTable, Phase, Verdict};
+use kvtier::{
+    Verdict, lookup::GroupOutcome, lookup::GroupResult, lookup::LookupTable, lookup::Phase,
+};
 
 type Table = LookupTable<u64, String>;
 

@@ -4,7 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvtier::LookupTable;
+use kvtier::lookup::LookupTable;
 
 /// Counts the bytes allocated and not yet freed.
 struct Counting;

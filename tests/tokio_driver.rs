@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvtier::{
-    AsyncLookupBackend, GroupOutcome, LookupError, Phase, TokioConfig, TokioLookup, Verdict,
+    LookupError, Verdict, lookup::AsyncBackend, lookup::GroupOutcome, lookup::Phase,
+    lookup::TokioConfig, lookup::TokioLookup,
 };
 use tokio::sync::Notify;
 
@@ -42,7 +43,7 @@ struct Backend {
     started: Mutex<Sender<String>>,
 }
 
-impl AsyncLookupBackend<u64, String> for Backend {
+impl AsyncBackend<u64, String> for Backend {
     type Error = String;
 
     fn batch_lookup(
@@ -119,7 +120,7 @@ fn settle(
     request: &String,
 ) -> Verdict<u64> {
     for _ in 0..30_000 {
-        let verdict = driver.lookup(&key, request).unwrap();
+        let verdict = driver.lookup(&key, request);
         if !verdict.is_pending() {
             return verdict;
         }
@@ -136,18 +137,18 @@ fn a_fast_group_queued_behind_a_slow_one_is_published_first() {
         let config = TokioConfig::default()
             .max_concurrent_groups(2)
             .group_timeout(None);
-        let mut driver = TokioLookup::new(backend, config).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
         driver.record_applied(true);
         let (slow, fast) = (req("slow"), req("fast"));
-        assert!(driver.lookup(&2, &slow).unwrap().is_pending());
-        assert!(driver.lookup(&4, &fast).unwrap().is_pending());
+        assert!(driver.lookup(&2, &slow).is_pending());
+        assert!(driver.lookup(&4, &fast).is_pending());
         assert_eq!(driver.flush().unwrap(), 2);
 
         // The fast group (submitted second) resolves while the slow one is
         // still held at its gate.
         assert!(settle(&mut driver, 4, &fast).is_hit());
-        assert_eq!(driver.lookup(&2, &slow).unwrap(), Verdict::Pending);
-        assert_eq!(driver.outstanding_groups(), 1);
+        assert_eq!(driver.lookup(&2, &slow), Verdict::Pending);
+        assert_eq!(driver.prober().outstanding_groups(), 1);
         let mut calls: Vec<String> = started.try_iter().collect();
         calls.sort();
         assert_eq!(calls, ["fast", "slow"]);
@@ -159,8 +160,8 @@ fn a_fast_group_queued_behind_a_slow_one_is_published_first() {
             [(1, GroupOutcome::Answered), (0, GroupOutcome::Answered)],
             "group 1 (fast) reached the table before group 0 (slow)"
         );
-        driver.shutdown().unwrap();
-        assert_eq!(driver.stats().anomalies, 0);
+        let final_table = driver.shutdown().unwrap();
+        assert_eq!(final_table.stats().anomalies, 0);
     });
 }
 
@@ -172,21 +173,21 @@ fn with_one_slot_groups_are_probed_and_published_in_submission_order() {
         let config = TokioConfig::default()
             .max_concurrent_groups(1)
             .group_timeout(None);
-        let mut driver = TokioLookup::new(backend, config).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
         driver.record_applied(true);
         let (slow, fast) = (req("slow"), req("fast"));
-        driver.lookup(&2, &slow).unwrap();
-        driver.lookup(&4, &fast).unwrap();
+        driver.lookup(&2, &slow);
+        driver.lookup(&4, &fast);
         driver.flush().unwrap();
         // A second step's group queues behind both.
-        driver.lookup(&6, &fast).unwrap();
+        driver.lookup(&6, &fast);
         driver.flush().unwrap();
 
         assert_eq!(started.recv().unwrap(), "slow");
         // While the slow group is held, nothing behind it starts.
         std::thread::sleep(Duration::from_millis(50));
         assert!(started.try_recv().is_err(), "a second group started early");
-        assert_eq!(driver.lookup(&4, &fast).unwrap(), Verdict::Pending);
+        assert_eq!(driver.lookup(&4, &fast), Verdict::Pending);
 
         gate.notify_one();
         driver.wait_idle().unwrap();
@@ -199,7 +200,7 @@ fn with_one_slot_groups_are_probed_and_published_in_submission_order() {
                 (2, GroupOutcome::Answered)
             ]
         );
-        assert!(driver.lookup(&6, &fast).unwrap().is_hit());
+        assert!(driver.lookup(&6, &fast).is_hit());
     });
 }
 
@@ -210,16 +211,16 @@ fn a_group_that_outlives_its_timeout_becomes_misses_and_is_counted() {
         let config = TokioConfig::default()
             .max_concurrent_groups(2)
             .group_timeout(Some(Duration::from_millis(50)));
-        let mut driver = TokioLookup::new(backend, config).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
         let (hung, fine) = (req("hung"), req("fine"));
-        driver.lookup(&2, &hung).unwrap();
-        driver.lookup(&4, &hung).unwrap();
-        driver.lookup(&6, &fine).unwrap();
+        driver.lookup(&2, &hung);
+        driver.lookup(&4, &hung);
+        driver.lookup(&6, &fine);
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&2, &hung).unwrap().is_miss());
-        assert!(driver.lookup(&4, &hung).unwrap().is_miss());
-        assert!(driver.lookup(&6, &fine).unwrap().is_hit());
+        assert!(driver.lookup(&2, &hung).is_miss());
+        assert!(driver.lookup(&4, &hung).is_miss());
+        assert!(driver.lookup(&6, &fine).is_hit());
         let stats = driver.stats();
         assert_eq!(stats.timeouts, 1);
         assert_eq!(stats.groups_applied, 2);
@@ -237,21 +238,21 @@ fn backend_faults_become_misses_and_are_counted_and_the_driver_keeps_serving() {
             ("short", Act::Short),
             ("surplus", Act::Surplus),
         ]);
-        let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
+        let mut driver = TokioLookup::tokio(backend, TokioConfig::default()).unwrap();
         for (i, name) in ["error", "panic-call", "panic-poll", "short", "surplus"]
             .into_iter()
             .enumerate()
         {
             let base = 10 * i as u64;
-            driver.lookup(&base, &req(name)).unwrap();
-            driver.lookup(&(base + 2), &req(name)).unwrap();
+            driver.lookup(&base, &req(name));
+            driver.lookup(&(base + 2), &req(name));
         }
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
         let verdicts = |driver: &mut TokioLookup<u64, String, Backend>, name: &str, base: u64| {
             [
-                driver.lookup(&base, &req(name)).unwrap().is_hit(),
-                driver.lookup(&(base + 2), &req(name)).unwrap().is_hit(),
+                driver.lookup(&base, &req(name)).is_hit(),
+                driver.lookup(&(base + 2), &req(name)).is_hit(),
             ]
         };
         assert_eq!(verdicts(&mut driver, "error", 0), [false, false]);
@@ -266,10 +267,10 @@ fn backend_faults_become_misses_and_are_counted_and_the_driver_keeps_serving() {
         assert_eq!(stats.surplus_results, 1);
 
         // Still serving after the panics.
-        driver.lookup(&100, &req("later")).unwrap();
+        driver.lookup(&100, &req("later"));
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&100, &req("later")).unwrap().is_hit());
+        assert!(driver.lookup(&100, &req("later")).is_hit());
         driver.shutdown().unwrap();
     });
 }
@@ -283,26 +284,24 @@ fn defect_6_shutdown_cancels_a_hung_backend_instead_of_waiting_for_it() {
             .max_concurrent_groups(1)
             .group_timeout(None)
             .shutdown_grace(Duration::from_millis(100));
-        let mut driver = TokioLookup::new(backend, config).unwrap();
-        driver.lookup(&2, &req("hung")).unwrap();
-        driver.lookup(&4, &req("queued")).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        driver.lookup(&2, &req("hung"));
+        driver.lookup(&4, &req("queued"));
         driver.flush().unwrap();
         assert_eq!(started.recv().unwrap(), "hung");
-        assert_eq!(driver.outstanding_groups(), 2);
+        assert_eq!(driver.prober().outstanding_groups(), 2);
 
-        driver.shutdown().unwrap();
-        let stats = driver.stats();
+        let final_table = driver.shutdown().unwrap();
+        let stats = final_table.stats();
         assert_eq!(
             stats.cancelled, 2,
             "the hung group and the one queued behind it"
         );
         assert_eq!(stats.groups_applied, stats.groups_submitted);
         for key in [2, 4] {
-            let state = driver.table().key_state(&key).unwrap();
+            let state = final_table.key_state(&key).unwrap();
             assert_eq!(state.phase, Phase::Resolved { found: false });
         }
-        assert!(matches!(driver.flush(), Err(LookupError::ShutDown)));
-        assert!(matches!(driver.shutdown(), Err(LookupError::ShutDown)));
     });
 }
 
@@ -312,19 +311,19 @@ fn shutdown_lets_outstanding_groups_finish_within_the_grace_period() {
         let gate = Arc::new(Notify::new());
         let (backend, started) = backend(&[("slow", Act::Gated(gate.clone()))]);
         let config = TokioConfig::default().shutdown_grace(Duration::from_secs(30));
-        let mut driver = TokioLookup::new(backend, config).unwrap();
-        driver.lookup(&2, &req("slow")).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        driver.lookup(&2, &req("slow"));
         driver.flush().unwrap();
         assert_eq!(started.recv().unwrap(), "slow");
         let opener = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             gate.notify_one();
         });
-        driver.shutdown().unwrap();
+        let final_table = driver.shutdown().unwrap();
         opener.join().unwrap();
-        assert_eq!(driver.stats().cancelled, 0);
+        assert_eq!(final_table.stats().cancelled, 0);
         assert_eq!(
-            driver.table().key_state(&2).unwrap().phase,
+            final_table.key_state(&2).unwrap().phase,
             Phase::Resolved { found: true }
         );
     });
@@ -340,30 +339,30 @@ fn generation_rules_are_the_tables_a_new_request_joins_an_in_flight_probe_and_an
             ("old", Act::Gated(first.clone())),
             ("gone", Act::Gated(second.clone())),
         ]);
-        let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
-        driver.lookup(&2, &req("old")).unwrap();
-        driver.lookup(&4, &req("gone")).unwrap();
+        let mut driver = TokioLookup::tokio(backend, TokioConfig::default()).unwrap();
+        driver.lookup(&2, &req("old"));
+        driver.lookup(&4, &req("gone"));
         driver.flush().unwrap();
         let mut calls = vec![started.recv().unwrap(), started.recv().unwrap()];
         calls.sort();
         assert_eq!(calls, ["gone", "old"]);
         // "old" ends while its probe is in flight and "new" asks for the same
         // key: it joins the probe instead of starting another.
-        driver.cleanup(&req("old")).unwrap();
-        assert_eq!(driver.lookup(&2, &req("new")).unwrap(), Verdict::Pending);
+        driver.cleanup(&req("old"));
+        assert_eq!(driver.lookup(&2, &req("new")), Verdict::Pending);
         assert_eq!(driver.flush().unwrap(), 0);
         // "gone" ends and nobody joins: its answer is an orphan.
-        driver.cleanup(&req("gone")).unwrap();
+        driver.cleanup(&req("gone"));
         first.notify_one();
         second.notify_one();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&2, &req("new")).unwrap().is_hit());
+        assert!(driver.lookup(&2, &req("new")).is_hit());
         assert!(driver.table().key_state(&4).is_none(), "orphan removed");
         // A later request for key 4 probes afresh, under a new generation.
-        assert_eq!(driver.lookup(&4, &req("later")).unwrap(), Verdict::Pending);
+        assert_eq!(driver.lookup(&4, &req("later")), Verdict::Pending);
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&4, &req("later")).unwrap().is_hit());
+        assert!(driver.lookup(&4, &req("later")).is_hit());
         assert_eq!(started.try_iter().collect::<Vec<_>>(), ["later"]);
         let stats = driver.stats();
         assert_eq!(stats.orphans_dropped, 1);
@@ -382,14 +381,13 @@ fn groups_run_on_the_callers_runtime_and_are_cancelled_if_it_goes_away() {
             .unwrap();
         let (backend, started) = backend(&[("hung", Act::Hang)]);
         let config = TokioConfig::default().group_timeout(None);
-        let mut driver =
-            TokioLookup::with_handle(backend, config, runtime.handle().clone()).unwrap();
-        driver.lookup(&2, &req("fine")).unwrap();
+        let mut driver = TokioLookup::tokio_on(backend, config, runtime.handle().clone()).unwrap();
+        driver.lookup(&2, &req("fine"));
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&2, &req("fine")).unwrap().is_hit());
+        assert!(driver.lookup(&2, &req("fine")).is_hit());
 
-        driver.lookup(&4, &req("hung")).unwrap();
+        driver.lookup(&4, &req("hung"));
         driver.flush().unwrap();
         assert_eq!(started.recv().unwrap(), "fine");
         assert_eq!(started.recv().unwrap(), "hung");
@@ -397,12 +395,12 @@ fn groups_run_on_the_callers_runtime_and_are_cancelled_if_it_goes_away() {
         // dropped, and the hung group is published as cancelled.
         drop(runtime);
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&4, &req("hung")).unwrap().is_miss());
+        assert!(driver.lookup(&4, &req("hung")).is_miss());
         // Later groups cannot run at all; they are cancelled, not stranded.
-        driver.lookup(&6, &req("after")).unwrap();
+        driver.lookup(&6, &req("after"));
         driver.flush().unwrap();
         driver.wait_idle().unwrap();
-        assert!(driver.lookup(&6, &req("after")).unwrap().is_miss());
+        assert!(driver.lookup(&6, &req("after")).is_miss());
         assert_eq!(driver.stats().cancelled, 2);
         driver.shutdown().unwrap();
     });
@@ -415,8 +413,8 @@ fn dropping_the_driver_inside_an_async_context_does_not_hang() {
         let config = TokioConfig::default()
             .group_timeout(None)
             .shutdown_grace(Duration::ZERO);
-        let mut driver = TokioLookup::new(backend, config).unwrap();
-        driver.lookup(&2, &req("hung")).unwrap();
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        driver.lookup(&2, &req("hung"));
         driver.flush().unwrap();
         let outer = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -429,7 +427,7 @@ fn dropping_the_driver_inside_an_async_context_does_not_hang() {
 fn invalid_settings_are_refused_with_a_reason() {
     let refuse = |config: TokioConfig| {
         let (backend, _) = backend(&[]);
-        match TokioLookup::<u64, String, Backend>::new(backend, config) {
+        match TokioLookup::<u64, String, Backend>::tokio(backend, config) {
             Err(LookupError::Config(reason)) => reason,
             Err(other) => panic!("unexpected error {other}"),
             Ok(_) => panic!("accepted"),
@@ -451,17 +449,17 @@ fn the_longest_durations_do_not_overflow() {
             .shutdown_grace(Duration::MAX)
             .group_timeout(Some(Duration::MAX));
         let (probe, _) = backend(&[]);
-        let mut driver = TokioLookup::new(probe, config.clone()).unwrap();
-        driver.lookup(&2, &req("a")).unwrap();
+        let mut driver = TokioLookup::tokio(probe, config.clone()).unwrap();
+        driver.lookup(&2, &req("a"));
         driver.flush().unwrap();
-        driver
+        let table = driver
             .shutdown()
             .expect("the group finishes within an endless grace");
-        assert!(driver.table().key_state(&2).is_some());
-        assert_eq!(driver.stats().groups_applied, 1);
+        assert!(table.key_state(&2).is_some());
+        assert_eq!(table.stats().groups_applied, 1);
         let (probe, _) = backend(&[]);
-        let mut dropped = TokioLookup::new(probe, config).unwrap();
-        dropped.lookup(&4, &req("b")).unwrap();
+        let mut dropped = TokioLookup::tokio(probe, config).unwrap();
+        dropped.lookup(&4, &req("b"));
         dropped.flush().unwrap();
         drop(dropped);
     });
@@ -476,7 +474,7 @@ fn a_runtime_without_timers_is_refused_when_groups_have_a_timeout() {
         .build()
         .unwrap();
     let (probe, _) = backend(&[]);
-    match TokioLookup::with_handle(probe, TokioConfig::default(), runtime.handle().clone()) {
+    match TokioLookup::tokio_on(probe, TokioConfig::default(), runtime.handle().clone()) {
         Err(LookupError::Config(reason)) => assert!(reason.contains("time driver"), "{reason}"),
         Err(other) => panic!("unexpected error {other}"),
         Ok(_) => panic!("accepted a runtime without timers"),
@@ -484,35 +482,21 @@ fn a_runtime_without_timers_is_refused_when_groups_have_a_timeout() {
     // Without a timeout, no timer is needed and lookups work.
     let (probe, _) = backend(&[]);
     let config = TokioConfig::default().group_timeout(None);
-    let mut driver = TokioLookup::with_handle(probe, config, runtime.handle().clone()).unwrap();
-    driver.lookup(&2, &req("a")).unwrap();
+    let mut driver = TokioLookup::tokio_on(probe, config, runtime.handle().clone()).unwrap();
+    driver.lookup(&2, &req("a"));
     driver.flush().unwrap();
     driver.wait_idle().unwrap();
-    assert!(driver.lookup(&2, &req("a")).unwrap().is_hit());
+    assert!(driver.lookup(&2, &req("a")).is_hit());
     driver.shutdown().unwrap();
 }
 
 #[test]
-fn calls_after_shutdown_are_refused_but_stats_and_table_remain() {
+fn shutdown_hands_back_the_final_table() {
     let (backend, _) = backend(&[]);
-    let mut driver = TokioLookup::new(backend, TokioConfig::default()).unwrap();
-    driver.lookup(&2, &req("a")).unwrap();
+    let mut driver = TokioLookup::tokio(backend, TokioConfig::default()).unwrap();
+    driver.lookup(&2, &req("a"));
     driver.flush().unwrap();
-    driver.shutdown().unwrap();
-    assert_eq!(driver.stats().groups_applied, 1);
-    assert_eq!(driver.table().len(), 1);
-    assert!(matches!(
-        driver.lookup(&2, &req("a")),
-        Err(LookupError::ShutDown)
-    ));
-    assert!(matches!(driver.drain(), Err(LookupError::ShutDown)));
-    assert!(matches!(driver.wait_idle(), Err(LookupError::ShutDown)));
-    assert!(matches!(
-        driver.cleanup(&req("a")),
-        Err(LookupError::ShutDown)
-    ));
-    assert!(matches!(
-        driver.mark_miss_keys([&2]),
-        Err(LookupError::ShutDown)
-    ));
+    let final_table = driver.shutdown().unwrap();
+    assert_eq!(final_table.stats().groups_applied, 1);
+    assert_eq!(final_table.len(), 1);
 }

@@ -3,7 +3,7 @@
 //!
 //! The worker answers groups in submission order and the scheduler applies
 //! them in publication order, so at any moment the driver has applied some
-//! prefix of the submitted groups. [`Stats::groups_applied`] says how long a
+//! prefix of the submitted groups. [`LookupStats::groups_applied`] says how long a
 //! prefix. After each real call the checker applies the same prefix to the
 //! [`Reference`] (with the answers the [`Script`] determines) and then the
 //! same operation, and demands the same verdict, the same submission size,
@@ -13,14 +13,24 @@
 
 use std::collections::VecDeque;
 
-use kvtier::{AsyncLookup, LookupError, Stats, Ticket, Verdict};
+use kvtier::lookup::{LookupStats, ThreadLookup};
+use kvtier::{Ticket, Verdict};
 
 use crate::conformance::{check_state, check_verdict};
 use crate::reference::{Key, ModelGroup, Reference, Req};
-use crate::scripted::{Fault, Script, ScriptedBackend};
+use crate::scripted::{Fault, Script};
 
 /// The driver under test.
-pub type Driver = AsyncLookup<Key, Req, ScriptedBackend>;
+pub type Driver = ThreadLookup<Key, Req>;
+
+/// The table of the driver under test.
+pub type Table = kvtier::lookup::LookupTable<Key, Req>;
+
+/// The driver while it runs; its final table once shut down.
+enum State {
+    Open(Driver),
+    Closed(Table),
+}
 
 /// Fault counters the script determines.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,11 +41,11 @@ struct FaultCounts {
     surplus: u64,
 }
 
-/// An [`AsyncLookup`] over a [`ScriptedBackend`], with the specification
+/// A [`ThreadLookup`] over a [`ScriptedBackend`](crate::scripted::ScriptedBackend), with the specification
 /// alongside. Every method panics with a description when the driver and the
 /// specification disagree: that is the model's failure.
 pub struct CheckedDriver {
-    driver: Driver,
+    state: State,
     spec: Reference,
     script: Script,
     /// Submitted groups the driver has not applied yet, oldest first, each
@@ -45,15 +55,14 @@ pub struct CheckedDriver {
     applied: u64,
     faults: FaultCounts,
     tickets: Vec<Ticket<Key>>,
-    open: bool,
 }
 
 impl CheckedDriver {
     /// Starts a driver whose backend follows `script`.
     pub fn new(script: Script) -> Self {
-        let driver = AsyncLookup::new(script.backend()).expect("start the lookup worker");
+        let driver = ThreadLookup::threaded(script.backend()).expect("start the lookup worker");
         Self {
-            driver,
+            state: State::Open(driver),
             spec: Reference::new(),
             script,
             unapplied: VecDeque::new(),
@@ -61,14 +70,13 @@ impl CheckedDriver {
             applied: 0,
             faults: FaultCounts::default(),
             tickets: Vec::new(),
-            open: true,
         }
     }
 
     /// `lookup(key, req)`; checks the verdict. Hits' tickets are kept for
     /// [`mark_miss_ticket`](Self::mark_miss_ticket).
     pub fn lookup(&mut self, key: Key, req: Req) -> Verdict<Key> {
-        let real = self.driver.lookup(&key, &req).expect("driver open");
+        let real = self.driver().lookup(&key, &req);
         self.catch_up();
         let expected = self.spec.lookup(key, req);
         if let Err(why) = check_verdict(&real, expected) {
@@ -83,7 +91,7 @@ impl CheckedDriver {
 
     /// `flush()`; checks how many keys were handed over.
     pub fn flush(&mut self) -> usize {
-        let handed = self.driver.flush().expect("driver open");
+        let handed = self.driver().flush().expect("driver open");
         self.catch_up();
         let groups = self.spec.take_submission();
         let expected: usize = groups.iter().map(|(_, entries)| entries.len()).sum();
@@ -98,7 +106,7 @@ impl CheckedDriver {
 
     /// `drain()`.
     pub fn drain(&mut self) -> usize {
-        let applied = self.driver.drain().expect("driver open");
+        let applied = self.driver().drain();
         self.catch_up();
         self.check("drain");
         applied
@@ -106,7 +114,7 @@ impl CheckedDriver {
 
     /// `wait_idle()`: afterwards every submitted group has been applied.
     pub fn wait_idle(&mut self) {
-        self.driver.wait_idle().expect("driver open");
+        self.driver().wait_idle().expect("driver open");
         self.catch_up();
         assert!(self.unapplied.is_empty(), "wait_idle returned early");
         self.check("wait_idle");
@@ -114,7 +122,7 @@ impl CheckedDriver {
 
     /// `cleanup(req)`.
     pub fn cleanup(&mut self, req: Req) {
-        self.driver.cleanup(&req).expect("driver open");
+        self.driver().cleanup(&req);
         self.catch_up();
         self.spec.cleanup(req);
         self.check("cleanup");
@@ -122,7 +130,7 @@ impl CheckedDriver {
 
     /// `mark_miss(ticket)`; checks whether it changed anything.
     pub fn mark_miss(&mut self, ticket: &Ticket<Key>) -> bool {
-        let changed = self.driver.mark_miss(ticket).expect("driver open");
+        let changed = self.driver().mark_miss(ticket);
         self.catch_up();
         let expected = self
             .spec
@@ -144,7 +152,7 @@ impl CheckedDriver {
 
     /// `mark_miss_keys(keys)`.
     pub fn mark_miss_keys(&mut self, keys: &[Key]) -> usize {
-        let changed = self.driver.mark_miss_keys(keys).expect("driver open");
+        let changed = self.driver().mark_miss_keys(keys);
         self.catch_up();
         assert_eq!(
             changed,
@@ -155,39 +163,39 @@ impl CheckedDriver {
         changed
     }
 
-    /// `shutdown()`: every submitted group has been applied afterwards, and
-    /// every later call is refused.
+    /// `shutdown()`: every submitted group has been applied afterwards.
+    /// (That no call follows is the type system's business: `shutdown`
+    /// consumes the driver.)
     pub fn shutdown(&mut self) {
-        self.driver.shutdown().expect("first shutdown");
-        self.open = false;
+        let State::Open(driver) = std::mem::replace(&mut self.state, State::Closed(Table::new()))
+        else {
+            panic!("the model shut the driver down twice");
+        };
+        let table = driver.shutdown().expect("shutdown");
+        self.state = State::Closed(table);
         self.catch_up();
         assert!(self.unapplied.is_empty(), "shutdown lost submitted groups");
         self.check("shutdown");
-        assert!(matches!(self.driver.flush(), Err(LookupError::ShutDown)));
-        assert!(matches!(
-            self.driver.lookup(&0, &0),
-            Err(LookupError::ShutDown)
-        ));
     }
 
     /// Ends the model: cleans up every live request and shuts down (if not
     /// shut down yet), then checks that no anomaly happened, every group was
     /// applied once, nothing is left in flight, and nothing is left at all
     /// unless a request is still live.
-    pub fn finish(mut self) -> Stats {
-        if self.open {
+    pub fn finish(mut self) -> LookupStats {
+        if matches!(self.state, State::Open(_)) {
             for req in self.spec.requests() {
                 self.cleanup(req);
             }
             self.shutdown();
         }
-        let stats = self.driver.stats();
+        let stats = self.table().stats();
         assert_eq!(stats.anomalies, 0, "anomalies");
         assert_eq!(
             stats.groups_applied, stats.groups_submitted,
             "every group applied once"
         );
-        let table = self.driver.table();
+        let table = self.table();
         for (key, model) in &self.spec.keys {
             assert!(
                 !model.requesters.is_empty(),
@@ -195,7 +203,7 @@ impl CheckedDriver {
             );
             assert_ne!(
                 table.key_state(key).map(|s| s.phase),
-                Some(kvtier::Phase::InFlight),
+                Some(kvtier::lookup::Phase::InFlight),
                 "key {key} still in flight after shutdown"
             );
         }
@@ -205,15 +213,26 @@ impl CheckedDriver {
         stats
     }
 
-    /// The driver, read-only.
-    pub fn driver(&self) -> &Driver {
-        &self.driver
+    /// The driver, while it runs.
+    fn driver(&mut self) -> &mut Driver {
+        match &mut self.state {
+            State::Open(driver) => driver,
+            State::Closed(_) => panic!("the model called the driver after shutting it down"),
+        }
+    }
+
+    /// The driver's table (its final table once shut down).
+    pub fn table(&self) -> &Table {
+        match &self.state {
+            State::Open(driver) => driver.table(),
+            State::Closed(table) => table,
+        }
     }
 
     /// Applies to the specification the groups the driver has applied since
     /// the last call, in submission order.
     fn catch_up(&mut self) {
-        let applied = self.driver.stats().groups_applied;
+        let applied = self.table().stats().groups_applied;
         assert!(applied >= self.applied, "groups_applied went backwards");
         for _ in self.applied..applied {
             let (call, (_, entries)) = self
@@ -237,10 +256,10 @@ impl CheckedDriver {
     }
 
     fn check(&self, after: &str) {
-        if let Err(why) = check_state(self.driver.table(), &self.spec) {
+        if let Err(why) = check_state(self.table(), &self.spec) {
             panic!("after {after}: {why}");
         }
-        let stats = self.driver.stats();
+        let stats = self.table().stats();
         let seen = FaultCounts {
             errors: stats.backend_errors,
             panics: stats.backend_panics,

@@ -22,7 +22,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvtier::{AsyncLookupBackend, GroupOutcome, LookupError, Stats, TokioConfig, TokioLookup};
+type Table = kvtier::lookup::LookupTable<Key, Req>;
+use kvtier::lookup::{AsyncBackend, GroupOutcome, LookupStats, TokioConfig, TokioLookup};
 
 use crate::conformance::{check_state, check_verdict};
 use crate::reference::{Key, ModelGroup, Reference, Req};
@@ -91,7 +92,7 @@ async fn yield_now() {
     tokio::task::yield_now().await;
 }
 
-impl AsyncLookupBackend<Key, Req> for ActBackend {
+impl AsyncBackend<Key, Req> for ActBackend {
     type Error = String;
 
     async fn batch_lookup(&self, keys: &[Key], request: &Req) -> Result<Vec<bool>, String> {
@@ -147,7 +148,7 @@ pub struct TasksSetup {
 #[derive(Clone, Copy, Debug)]
 pub struct Observed {
     /// The driver's final counters.
-    pub stats: Stats,
+    pub stats: LookupStats,
     /// Groups applied after a group submitted later than them.
     pub overtaken: u64,
 }
@@ -166,7 +167,7 @@ struct OutcomeCounts {
 /// alongside. Every method panics with a description when the driver and the
 /// specification disagree.
 pub struct CheckedTasks {
-    driver: TokioLookup<Key, Req, ActBackend>,
+    state: State,
     spec: Reference,
     setup: TasksSetup,
     /// Submitted groups not applied yet, by sequence number.
@@ -180,7 +181,12 @@ pub struct CheckedTasks {
     overtaken: u64,
     counts: OutcomeCounts,
     shutting_down: bool,
-    open: bool,
+}
+
+/// The driver while it runs; its final table once shut down.
+enum State {
+    Open(TokioLookup<Key, Req, ActBackend>),
+    Closed(Table),
 }
 
 impl CheckedTasks {
@@ -204,10 +210,10 @@ impl CheckedTasks {
             } else {
                 Duration::from_secs(3600)
             });
-        let mut driver = TokioLookup::new(backend, config).expect("start the driver");
+        let mut driver = TokioLookup::tokio(backend, config).expect("start the driver");
         driver.record_applied(true);
         Self {
-            driver,
+            state: State::Open(driver),
             spec: Reference::new(),
             setup,
             unapplied: HashMap::new(),
@@ -217,13 +223,12 @@ impl CheckedTasks {
             overtaken: 0,
             counts: OutcomeCounts::default(),
             shutting_down: false,
-            open: true,
         }
     }
 
     /// `lookup(key, req)`; checks the verdict.
     pub fn lookup(&mut self, key: Key, req: Req) {
-        let real = self.driver.lookup(&key, &req).expect("driver open");
+        let real = self.driver().lookup(&key, &req);
         self.catch_up();
         let expected = self.spec.lookup(key, req);
         if let Err(why) = check_verdict(&real, expected) {
@@ -234,7 +239,7 @@ impl CheckedTasks {
 
     /// `flush()`; checks how many keys were handed over.
     pub fn flush(&mut self) {
-        let handed = self.driver.flush().expect("driver open");
+        let handed = self.driver().flush().expect("driver open");
         self.catch_up();
         let groups = self.spec.take_submission();
         let expected: usize = groups.iter().map(|(_, entries)| entries.len()).sum();
@@ -248,14 +253,14 @@ impl CheckedTasks {
 
     /// `drain()`.
     pub fn drain(&mut self) {
-        self.driver.drain().expect("driver open");
+        self.driver().drain();
         self.catch_up();
         self.check("drain");
     }
 
     /// `wait_idle()`: afterwards every submitted group has been applied.
     pub fn wait_idle(&mut self) {
-        self.driver.wait_idle().expect("driver open");
+        self.driver().wait_idle().expect("driver open");
         self.catch_up();
         assert!(self.unapplied.is_empty(), "wait_idle returned early");
         self.check("wait_idle");
@@ -263,7 +268,7 @@ impl CheckedTasks {
 
     /// `cleanup(req)`.
     pub fn cleanup(&mut self, req: Req) {
-        self.driver.cleanup(&req).expect("driver open");
+        self.driver().cleanup(&req);
         self.catch_up();
         self.spec.cleanup(req);
         self.check("cleanup");
@@ -271,7 +276,7 @@ impl CheckedTasks {
 
     /// `mark_miss_keys(keys)`.
     pub fn mark_miss_keys(&mut self, keys: &[Key]) {
-        let changed = self.driver.mark_miss_keys(keys).expect("driver open");
+        let changed = self.driver().mark_miss_keys(keys);
         self.catch_up();
         assert_eq!(
             changed,
@@ -282,11 +287,14 @@ impl CheckedTasks {
     }
 
     /// `shutdown()`: afterwards every submitted group has been applied
-    /// (answered, timed out or cancelled), and later calls are refused.
+    /// (answered, timed out or cancelled).
     pub fn shutdown(&mut self) {
         self.shutting_down = true;
-        self.driver.shutdown().expect("shutdown");
-        self.open = false;
+        let State::Open(driver) = std::mem::replace(&mut self.state, State::Closed(Table::new()))
+        else {
+            panic!("the model shut the driver down twice");
+        };
+        self.state = State::Closed(driver.shutdown().expect("shutdown"));
         self.catch_up();
         assert!(
             self.unapplied.is_empty(),
@@ -294,7 +302,6 @@ impl CheckedTasks {
             self.unapplied.len()
         );
         self.check("shutdown");
-        assert!(matches!(self.driver.flush(), Err(LookupError::ShutDown)));
         if !self.setup.cancel_at_shutdown {
             assert_eq!(
                 self.counts.cancelled, 0,
@@ -307,13 +314,13 @@ impl CheckedTasks {
     /// checks that no anomaly happened, every group was applied once and
     /// nothing is left in flight.
     pub fn finish(mut self) -> Observed {
-        if self.open {
+        if matches!(self.state, State::Open(_)) {
             for req in self.spec.requests() {
                 self.cleanup(req);
             }
             self.shutdown();
         }
-        let stats = self.driver.stats();
+        let stats = self.table().stats();
         assert_eq!(stats.anomalies, 0, "anomalies");
         assert_eq!(
             stats.groups_applied, stats.groups_submitted,
@@ -321,13 +328,13 @@ impl CheckedTasks {
         );
         for key in self.spec.keys.keys() {
             assert_ne!(
-                self.driver.table().key_state(key).map(|s| s.phase),
-                Some(kvtier::Phase::InFlight),
+                self.table().key_state(key).map(|s| s.phase),
+                Some(kvtier::lookup::Phase::InFlight),
                 "key {key} still in flight after shutdown"
             );
         }
         if self.spec.requests().is_empty() {
-            assert!(self.driver.table().is_empty(), "keys leaked");
+            assert!(self.table().is_empty(), "keys leaked");
         }
         Observed {
             stats,
@@ -335,10 +342,30 @@ impl CheckedTasks {
         }
     }
 
+    /// The driver, while it runs.
+    fn driver(&mut self) -> &mut TokioLookup<Key, Req, ActBackend> {
+        match &mut self.state {
+            State::Open(driver) => driver,
+            State::Closed(_) => panic!("the model called the driver after shutting it down"),
+        }
+    }
+
+    /// The driver's table (its final table once shut down).
+    fn table(&self) -> &Table {
+        match &self.state {
+            State::Open(driver) => driver.table(),
+            State::Closed(table) => table,
+        }
+    }
+
     /// Replays on the specification the groups the driver applied since the
     /// last call, in the driver's order, checking each one.
     fn catch_up(&mut self) {
-        for (seq, outcome) in self.driver.take_applied() {
+        let applied = match &mut self.state {
+            State::Open(driver) => driver.take_applied(),
+            State::Closed(table) => table.take_applied(),
+        };
+        for (seq, outcome) in applied {
             let (req, entries) = self
                 .unapplied
                 .remove(&seq)
@@ -391,10 +418,10 @@ impl CheckedTasks {
     }
 
     fn check(&self, after: &str) {
-        if let Err(why) = check_state(self.driver.table(), &self.spec) {
+        if let Err(why) = check_state(self.table(), &self.spec) {
             panic!("after {after}: {why}");
         }
-        let stats = self.driver.stats();
+        let stats = self.table().stats();
         let seen = OutcomeCounts {
             errors: stats.backend_errors,
             short: stats.short_results,
@@ -460,7 +487,7 @@ pub fn workload(rand: &mut dyn FnMut(u64) -> u64, setup: TasksSetup) -> Observed
         checker.wait_idle();
         for &request in &live {
             for key in 0..WORKLOAD_KEYS {
-                if checker.driver.table().key_state(&key).is_some() {
+                if checker.table().key_state(&key).is_some() {
                     checker.lookup(key, request);
                 }
             }

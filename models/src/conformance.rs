@@ -1,6 +1,6 @@
 //! Comparing the real table with the specification.
 
-use kvtier::{LookupTable, Phase as RealPhase, Verdict};
+use kvtier::{Verdict, lookup::LookupTable, lookup::Phase as RealPhase};
 
 use crate::reference::{Expected, Key, Phase, Reference, Req};
 
@@ -31,7 +31,7 @@ pub fn check_verdict(real: &Verdict<Key>, expected: Expected) -> Result<(), Stri
 /// their verdicts, submissions, stale answers, orphans, marked misses), no
 /// anomaly, and intact internal invariants.
 pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
-    table.check_invariants()?;
+    table.check_invariants().map_err(|why| why.to_string())?;
     if table.len() != spec.keys.len() {
         return Err(format!(
             "table tracks {} keys, specification {}",

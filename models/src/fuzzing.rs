@@ -4,7 +4,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use kvtier::CompletionMode;
+use kvtier::save::CompletionMode;
 
 use crate::checked::CheckedDriver;
 use crate::lockstep::{Lockstep, TableOp};

@@ -2,14 +2,14 @@
 //!
 //! - [`reference`](mod@reference): the lookup protocol as a short, sequential
 //!   specification, the oracle of every other check here.
-//! - [`conformance`]: compares a real [`kvtier::LookupTable`] with the
+//! - [`conformance`]: compares a real [`kvtier::lookup::LookupTable`] with the
 //!   specification's state.
 //! - [`scripted`]: a deterministic backend whose contents change from call to
 //!   call and whose faults are scripted per call.
 //! - [`checked`]: the real threaded driver with the specification alongside,
 //!   compared after every operation (the oracle of the loom, shuttle and
 //!   driver-fuzz models).
-//! - [`checked_tasks`]: the concurrent-group [`kvtier::TokioLookup`] driver
+//! - [`checked_tasks`]: the concurrent-group [`kvtier::lookup::TokioLookup`] driver
 //!   with the specification alongside; groups may be applied in any order,
 //!   so it replays the order the driver records (its shuttle models and its
 //!   stress test on tokio).

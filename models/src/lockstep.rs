@@ -3,7 +3,7 @@
 //! the `table_vs_reference` fuzz target.
 
 use arbitrary::Arbitrary;
-use kvtier::{Group, Ticket, Verdict};
+use kvtier::{Ticket, Verdict, lookup::Group};
 
 use crate::conformance::{Table, check_state, check_verdict};
 use crate::reference::{Key, Reference, Req};

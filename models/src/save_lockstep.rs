@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::Arbitrary;
-use kvtier::{CompletionMode, ReportAggregator, SaveScheduler, SaveTracker, TaskId};
+use kvtier::{SaveScheduler, SaveTracker, TaskId, save::CompletionMode, save::ReportAggregator};
 
 use crate::save_reference::{Rid, SchedulerSpec, WorkerSpec};
 use crate::save_scripted::{Ending, ScriptedStore, ScriptedTask};

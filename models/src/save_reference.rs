@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvtier::{CompletionMode, SaveStats, SchedulerSaveStats};
+use kvtier::{save::CompletionMode, save::SaveStats, save::SchedulerSaveStats};
 
 use crate::save_scripted::Ending;
 

@@ -9,7 +9,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use arbitrary::Arbitrary;
-use kvtier::{StoreTask, TaskError};
+use kvtier::{StoreTask, save::TaskError};
 
 use crate::save_reference::Rid;
 use crate::scripted::ScriptedPanic;

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use kvtier::LookupBackend;
+use kvtier::lookup::Backend;
 
 use crate::reference::{Key, Req};
 
@@ -133,7 +133,7 @@ pub struct ScriptedBackend {
     calls: u64,
 }
 
-impl LookupBackend<Key, Req> for ScriptedBackend {
+impl Backend<Key, Req> for ScriptedBackend {
     type Answers = ScriptedAnswers;
     type Error = String;
 

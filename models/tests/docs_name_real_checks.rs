@@ -122,3 +122,41 @@ fn the_scan_recognises_names_and_ids() {
     assert!(!is_mutation_id("README.md"));
     assert_eq!(spans("a `b` c `d e` f"), ["b", "d e"]);
 }
+
+/// The mutation ids `models/mutants.py` defines: the string that opens each
+/// `Mutation(` entry.
+fn mutation_ids(mutants: &str) -> Vec<String> {
+    mutants
+        .split("Mutation(")
+        .skip(1)
+        .filter_map(|entry| {
+            let id = entry.split('"').nth(1)?;
+            is_mutation_id(id).then(|| id.to_owned())
+        })
+        .collect()
+}
+
+/// Every mutation is anchored on a `// guard: <id>` tag in the library, and
+/// every tag belongs to a mutation: a guard nobody mutates is a claim with
+/// no check behind it, and a mutation without its tag cannot run.
+#[test]
+fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
+    let root = root();
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut tags = std::collections::BTreeSet::new();
+    for file in &files {
+        for line in std::fs::read_to_string(file).unwrap().lines() {
+            if let Some(id) = line.trim().strip_prefix("// guard: ") {
+                tags.insert(id.trim().to_owned());
+            }
+        }
+    }
+    let mutants = std::fs::read_to_string(root.join("models/mutants.py")).unwrap();
+    let ids: std::collections::BTreeSet<String> = mutation_ids(&mutants).into_iter().collect();
+    assert!(ids.len() > 50, "found only {} mutations", ids.len());
+    let untagged: Vec<_> = ids.difference(&tags).collect();
+    let orphans: Vec<_> = tags.difference(&ids).collect();
+    assert!(untagged.is_empty(), "mutations without a guard tag: {untagged:?}");
+    assert!(orphans.is_empty(), "guard tags without a mutation: {orphans:?}");
+}

@@ -1,4 +1,4 @@
-//! loom models of the real `AsyncLookup` driver: the scheduler (the model's
+//! loom models of the real `ThreadLookup` driver: the scheduler (the model's
 //! main thread) against the worker thread and its scripted backend, every
 //! interleaving up to the preemption bound.
 //!
@@ -14,13 +14,13 @@
 //! `KVTIER_LOOM_EXHAUSTIVE=1` for no bound at all.
 #![cfg(kvtier_loom)]
 
-use kvtier::{Phase, Verdict};
+use kvtier::{Verdict, lookup::Phase};
 use kvtier_models::checked::CheckedDriver;
 use kvtier_models::checkers::explore;
 use kvtier_models::scripted::{Fault, Script, even, flipping, quiet_scripted_panics};
 
 fn phase(driver: &CheckedDriver, key: u64) -> Option<Phase> {
-    driver.driver().table().key_state(&key).map(|s| s.phase)
+    driver.table().key_state(&key).map(|s| s.phase)
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn cleanup_while_in_flight_then_another_request_shares_the_probe() {
             assert!(resubmitted <= 1);
             driver.wait_idle();
             driver.lookup(4, 20);
-            let stats = driver.driver().stats();
+            let stats = driver.table().stats();
             // One probe per incarnation of the state, never a second one for the
             // in-flight state 20 joined.
             assert_eq!(stats.keys_submitted, 1 + resubmitted);
@@ -92,7 +92,7 @@ fn an_orphaned_answer_is_discarded_and_a_later_lookup_probes_afresh() {
         driver.cleanup(10);
         driver.drain();
         driver.wait_idle();
-        assert!(driver.driver().table().is_empty(), "orphans removed");
+        assert!(driver.table().is_empty(), "orphans removed");
         // A new incarnation: probed afresh, answered by the second call.
         assert_eq!(driver.lookup(4, 20), Verdict::Pending);
         assert_eq!(driver.flush(), 1);
@@ -155,7 +155,7 @@ fn seed_001_late_mark_miss_after_recreate_leaves_the_new_verdict_intact() {
             panic!("the new generation's hit was lost")
         };
         assert_ne!(new.generation(), old.generation());
-        assert_eq!(driver.driver().stats().marked_miss, 0);
+        assert_eq!(driver.table().stats().marked_miss, 0);
         driver.finish();
     });
 }
@@ -212,7 +212,7 @@ fn shutdown_with_work_queued_and_in_flight_serves_it_all_and_joins() {
         // both submissions, join, and apply every answer.
         driver.cleanup(10);
         driver.shutdown();
-        assert_eq!(driver.driver().stats().groups_applied, 2);
+        assert_eq!(driver.table().stats().groups_applied, 2);
         assert_eq!(phase(&driver, 1), None, "the orphan's answer removed it");
         assert_eq!(phase(&driver, 2), Some(Phase::Resolved { found: true }));
         assert_eq!(phase(&driver, 3), Some(Phase::Resolved { found: false }));
@@ -241,12 +241,12 @@ fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
             }
             keys.iter().map(|key| key % 2 == 0).collect::<Vec<bool>>()
         };
-        let mut lookup = kvtier::AsyncLookup::new(backend).unwrap();
-        lookup.lookup(&2, &10).unwrap();
-        lookup.lookup(&3, &20).unwrap();
+        let mut lookup = kvtier::lookup::ThreadLookup::threaded(backend).unwrap();
+        lookup.lookup(&2, &10);
+        lookup.lookup(&3, &20);
         assert_eq!(lookup.flush().unwrap(), 2);
         // A scheduler's steps: ask again until group 10's answer is in.
-        while !lookup.lookup(&2, &10).unwrap().is_hit() {
+        while !lookup.lookup(&2, &10).is_hit() {
             loom::thread::yield_now();
         }
         let state = |key: u64| lookup.table().key_state(&key).map(|s| s.phase);
@@ -254,11 +254,11 @@ fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
         let (lock, signal) = &*seen;
         *lock.lock().unwrap() = true;
         signal.notify_one();
-        lookup.cleanup(&10).unwrap();
-        lookup.cleanup(&20).unwrap();
-        lookup.shutdown().unwrap();
-        let stats = lookup.stats();
+        lookup.cleanup(&10);
+        lookup.cleanup(&20);
+        let final_table = lookup.shutdown().unwrap();
+        let stats = final_table.stats();
         assert_eq!((stats.groups_applied, stats.anomalies), (2, 0));
-        assert!(lookup.table().is_empty());
+        assert!(final_table.is_empty());
     });
 }

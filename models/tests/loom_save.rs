@@ -19,7 +19,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvtier::{
-    Completer, CompletionMode, CompletionTask, SaveScheduler, SaveStep, SaveTracker, TaskError,
+    SaveScheduler, SaveStep, SaveTracker, save::Completer, save::CompletionMode,
+    save::CompletionTask, save::TaskError,
 };
 use kvtier_models::checkers::explore;
 use loom::cell::UnsafeCell;

@@ -1,5 +1,5 @@
 //! proptest state-machine test: random operation sequences applied to the
-//! real [`LookupTable`](kvtier::LookupTable) and to the specification,
+//! real [`LookupTable`](kvtier::lookup::LookupTable) and to the specification,
 //! compared after every step. A failure shrinks to a minimal sequence.
 //!
 //! The reference state machine is the specification plus the groups it has
@@ -9,7 +9,7 @@
 //! Run: `cargo test -p kvtier-models --release --test proptest_lookup`;
 //! more cases: `PROPTEST_CASES=100000`.
 
-use kvtier::{Group, Ticket, Verdict};
+use kvtier::{Ticket, Verdict, lookup::Group};
 use kvtier_models::conformance::{Table, check_state, check_verdict};
 use kvtier_models::reference::{Expected, Key, ModelGroup, Phase, Reference, Req};
 use proptest::prelude::*;

@@ -7,7 +7,7 @@
 //! Run: `cargo test -p kvtier-models --release --test proptest_save`;
 //! more cases: `PROPTEST_CASES=100000`.
 
-use kvtier::CompletionMode;
+use kvtier::save::CompletionMode;
 use kvtier_models::save_lockstep::{SLOTS, SaveLockstep, SaveOp};
 use kvtier_models::save_scripted::Ending;
 use kvtier_models::scripted::quiet_scripted_panics;

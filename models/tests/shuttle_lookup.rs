@@ -100,7 +100,7 @@ fn scheduler_workload() {
         driver.wait_idle();
         for &request in &live {
             for key in 0..KEYS {
-                if driver.driver().table().key_state(&key).is_some() {
+                if driver.table().key_state(&key).is_some() {
                     // Everything tracked was flushed and answered: a
                     // request that asks gets a verdict.
                     let verdict = driver.lookup(key, request);

@@ -22,8 +22,8 @@
 #![cfg(kvtier_shuttle)]
 
 use kvtier::{
-    Completer, CompletionMode, CompletionTask, ReportAggregator, SaveScheduler, SaveTracker,
-    TaskError,
+    SaveScheduler, SaveTracker, save::Completer, save::CompletionMode, save::CompletionTask,
+    save::ReportAggregator, save::TaskError,
 };
 use kvtier_models::checkers::{Schedules, run_shuttle};
 use shuttle::rand::{Rng, thread_rng};

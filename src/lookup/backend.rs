@@ -1,5 +1,6 @@
-//! The storage side of a lookup: the backend trait and the fault-proof call
-//! the worker makes for each group.
+//! The storage side of a lookup: the blocking backend trait, the
+//! fault-proof call the thread prober makes for each group, and the one
+//! place where every built-in prober turns how a call ended into a result.
 
 use std::convert::Infallible;
 use std::fmt::Display;
@@ -9,9 +10,10 @@ use super::submission::{Group, GroupOutcome, GroupResult, collect_answers};
 use super::types::Request;
 use crate::fault::take_panic;
 
-/// A tier that can say whether it holds blocks, one request group at a time.
+/// A blocking tier that can say whether it holds blocks, one request group
+/// at a time: what the [`ThreadProber`](super::ThreadProber) probes.
 ///
-/// Called from the lookup worker thread, never from the scheduler. The
+/// Called from the prober's worker thread, never from the scheduler. The
 /// answers may be any iterator (a `Vec<bool>`, or a lazy iterator that does
 /// I/O as it is consumed); the worker consumes at most one answer more than
 /// there are keys.
@@ -22,16 +24,16 @@ use crate::fault::take_panic;
 /// keeps serving with the same backend value, so a backend that can be left
 /// inconsistent by a panic should recover on its next call); fewer answers
 /// than keys make the rest misses; surplus answers are ignored. Each fault is
-/// logged and counted in [`Stats`](crate::Stats).
+/// logged and counted in [`LookupStats`](super::LookupStats).
 ///
 /// ```
 /// use std::collections::HashSet;
-/// use kvtier::LookupBackend;
+/// use kvtier::lookup::Backend;
 ///
 /// /// A tier that holds a fixed set of block hashes.
 /// struct Resident(HashSet<u64>);
 ///
-/// impl LookupBackend<u64, String> for Resident {
+/// impl Backend<u64, String> for Resident {
 ///     type Answers = Vec<bool>;
 ///     type Error = std::convert::Infallible;
 ///
@@ -40,7 +42,7 @@ use crate::fault::take_panic;
 ///     }
 /// }
 /// ```
-pub trait LookupBackend<K, R> {
+pub trait Backend<K, R> {
     /// One answer per key, in key order.
     type Answers: IntoIterator<Item = bool>;
     /// Why a whole group could not be answered.
@@ -52,7 +54,7 @@ pub trait LookupBackend<K, R> {
 }
 
 /// Any closure `FnMut(&[K], &R) -> Vec<bool>` is an infallible backend.
-impl<K, R, F> LookupBackend<K, R> for F
+impl<K, R, F> Backend<K, R> for F
 where
     F: FnMut(&[K], &R) -> Vec<bool>,
 {
@@ -75,24 +77,20 @@ pub(crate) enum CallEnd {
     Panic(String),
     /// The call did not finish within the driver's timeout (only the tasks
     /// driver has one).
-    #[cfg_attr(
-        not(any(
-            all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
-            all(kvtier_shuttle, not(kvtier_loom))
-        )),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(tokio_driver), allow(dead_code))]
     TimedOut,
 }
 
-/// Probes one group, turning every fault into misses (see [`LookupBackend`]).
+// guard: L6-catch-panics
+/// Probes one group, turning every fault into misses (see [`Backend`]).
 pub(crate) fn probe_group<K, R, B>(backend: &mut B, group: Group<K, R>) -> GroupResult<K>
 where
     R: Request,
-    B: LookupBackend<K, R>,
+    B: Backend<K, R>,
 {
     let limit = group.len();
     let mut found = Vec::with_capacity(limit);
+    // guard: L6-catch-panics
     let call = panic::catch_unwind(AssertUnwindSafe(|| {
         // Everything that runs backend code stays inside this closure: the
         // call, consuming a lazy answer iterator, dropping it, and formatting
@@ -171,7 +169,7 @@ mod tests {
 
     /// Probes keys 1 and 2 for request 9 with `backend`; returns the outcome
     /// and what was logged.
-    fn probe_logged(mut backend: impl LookupBackend<u64, u64>) -> (GroupOutcome, String) {
+    fn probe_logged(mut backend: impl Backend<u64, u64>) -> (GroupOutcome, String) {
         let mut group = Group::new(crate::lookup::types::TableId::new(), 9u64);
         group.keys = vec![1, 2];
         group.generations = vec![Generation(0), Generation(1)];
@@ -206,7 +204,7 @@ mod tests {
 
     struct Failing;
 
-    impl LookupBackend<u64, u64> for Failing {
+    impl Backend<u64, u64> for Failing {
         type Answers = Vec<bool>;
         type Error = &'static str;
 

@@ -1,30 +1,38 @@
 //! The async secondary-tier lookup protocol.
 //!
-//! [`LookupTable`] holds every rule (sans-IO); [`AsyncLookup`] drives it with
-//! a worker thread and a [`LookupBackend`]. See `docs/design.md` for the state
-//! machine and the invariants L1–L9.
+//! Which piece does what:
+//!
+//! - [`Lookup`] is what a scheduler calls: `lookup`, `flush`, `mark_miss`,
+//!   `cleanup` and the rest, written once over a [`Prober`].
+//! - [`LookupTable`] holds every rule of the protocol as a sans-IO state
+//!   machine (no threads, clocks or I/O); a [`Lookup`] owns one.
+//! - A [`Prober`] probes the groups a flush hands it, off the scheduler
+//!   thread, and answers each through its [`Publisher`]:
+//!   [`ThreadProber`] (a worker thread over a blocking [`Backend`]) and,
+//!   with the `tokio` feature, [`TokioProber`] (tokio tasks over an
+//!   `AsyncBackend`, several groups at once, each within a timeout). A
+//!   prober for another executor is an `impl`; [`Group`] has a constructor
+//!   for every outcome a built-in prober produces.
+//!
+//! See `docs/design.md` for the state machine and the invariants L1–L10.
 
 mod backend;
-mod driver;
-mod front;
+mod scheduler;
 mod stats;
 mod submission;
 mod table;
-#[cfg(any(
-    all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
-    all(kvtier_shuttle, not(kvtier_loom))
-))]
-mod tasks;
+mod thread;
+#[cfg(tokio_driver)]
+mod tokio;
 mod types;
 
-pub use backend::LookupBackend;
-pub use driver::{AsyncLookup, LookupError};
-pub use stats::Stats;
+pub use crate::invariant::InvariantViolation;
+pub use backend::Backend;
+pub use scheduler::{Lookup, LookupError, Prober, Publisher, Refused, ShutdownError};
+pub use stats::LookupStats;
 pub use submission::{Group, GroupOutcome, GroupResult, Submission};
 pub use table::LookupTable;
-#[cfg(any(
-    all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))),
-    all(kvtier_shuttle, not(kvtier_loom))
-))]
-pub use tasks::{AsyncLookupBackend, TokioConfig, TokioLookup};
+pub use thread::{ThreadLookup, ThreadProber};
+#[cfg(tokio_driver)]
+pub use tokio::{AsyncBackend, TokioConfig, TokioLookup, TokioProber};
 pub use types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};

@@ -7,14 +7,14 @@
 /// worker sees them, so reading stats never synchronises with the worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Stats {
+pub struct LookupStats {
     /// `lookup` calls.
     pub lookups: u64,
-    /// Lookups answered [`Verdict::Hit`](crate::Verdict::Hit).
+    /// Lookups answered [`Verdict::Hit`](super::Verdict::Hit).
     pub hits: u64,
-    /// Lookups answered [`Verdict::Miss`](crate::Verdict::Miss).
+    /// Lookups answered [`Verdict::Miss`](super::Verdict::Miss).
     pub misses: u64,
-    /// Lookups answered [`Verdict::Pending`](crate::Verdict::Pending).
+    /// Lookups answered [`Verdict::Pending`](super::Verdict::Pending).
     pub pending: u64,
     /// Keys handed to the worker.
     pub keys_submitted: u64,
@@ -48,7 +48,7 @@ pub struct Stats {
     /// Groups answered with more answers than keys (the surplus was ignored).
     pub surplus_results: u64,
     /// Groups the backend did not answer within the per-group timeout of the
-    /// [`TokioLookup`](crate::TokioLookup) driver (all keys became misses).
+    /// [`TokioProber`](super::TokioProber) (all keys became misses).
     pub timeouts: u64,
     /// Groups cancelled unanswered at shutdown, or because the runtime
     /// running them went away (all keys became misses).

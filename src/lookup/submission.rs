@@ -5,9 +5,11 @@ use super::types::{Generation, TableId};
 
 /// The new keys of one step, grouped by request in order of first appearance.
 ///
-/// Produced by [`LookupTable::take_submission`](crate::LookupTable::take_submission);
-/// never empty. Probe each group once and hand its result back with
-/// [`LookupTable::apply`](crate::LookupTable::apply), in any order.
+/// Produced by [`LookupTable::take_submission`](super::LookupTable::take_submission)
+/// (and handed to a [`Prober`](super::Prober) by [`Lookup::flush`](super::Lookup::flush));
+/// never empty. Probe each group once and hand its result back, in any
+/// order: with [`LookupTable::apply`](super::LookupTable::apply), or through
+/// a prober's [`Publisher`](super::Publisher).
 #[derive(Debug)]
 pub struct Submission<K, R> {
     pub(crate) groups: Vec<Group<K, R>>,
@@ -102,9 +104,33 @@ impl<K, R> Group<K, R> {
         self.finish(found, outcome)
     }
 
-    /// The result for a group whose backend call failed: every key is a miss.
+    /// The result for a group whose backend call failed: every key is a
+    /// miss (counted in [`LookupStats::backend_errors`](super::LookupStats::backend_errors)).
     pub fn failed(self) -> GroupResult<K> {
         self.finish(Vec::new(), GroupOutcome::BackendError)
+    }
+
+    /// The result for a group whose backend call panicked after giving
+    /// `answers` (pulled up to `len()`): unanswered keys are misses (counted
+    /// in [`LookupStats::backend_panics`](super::LookupStats::backend_panics)).
+    pub fn panicked(self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
+        let found: Vec<bool> = answers.into_iter().take(self.len()).collect();
+        let answered = found.len();
+        self.finish(found, GroupOutcome::BackendPanic { answered })
+    }
+
+    /// The result for a group whose backend call did not finish within the
+    /// prober's time bound: every key is a miss (counted in
+    /// [`LookupStats::timeouts`](super::LookupStats::timeouts)).
+    pub fn timed_out(self) -> GroupResult<K> {
+        self.finish(Vec::new(), GroupOutcome::TimedOut)
+    }
+
+    /// The result for a group that will never be probed (the prober is
+    /// shutting down, its executor went away): every key is a miss (counted
+    /// in [`LookupStats::cancelled`](super::LookupStats::cancelled)).
+    pub fn cancelled(self) -> GroupResult<K> {
+        self.finish(Vec::new(), GroupOutcome::Cancelled)
     }
 
     /// The result with the given answers and outcome; missing answers are
@@ -112,6 +138,7 @@ impl<K, R> Group<K, R> {
     pub(crate) fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
         // Every key gets exactly one answer: a key left without one would
         // stay in flight forever (the reference's `zip` defect).
+        // guard: L6-one-answer-per-key
         found.resize(self.keys.len(), false);
         GroupResult {
             table: self.table,
@@ -201,7 +228,7 @@ pub struct GroupResult<K> {
 }
 
 impl<K> GroupResult<K> {
-    /// The table whose group this answers; [`LookupTable::apply`](crate::LookupTable::apply)
+    /// The table whose group this answers; [`LookupTable::apply`](crate::lookup::LookupTable::apply)
     /// refuses a result of another table.
     pub fn table(&self) -> TableId {
         self.table

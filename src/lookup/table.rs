@@ -14,9 +14,10 @@ use std::mem;
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry as MapEntry;
 
-use super::stats::Stats;
+use super::stats::LookupStats;
 use super::submission::{Group, GroupOutcome, GroupResult, Submission};
 use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
+use crate::invariant::InvariantViolation;
 
 /// "No slot" in [`Entry::first`] and [`Entry::more`].
 const NONE: u32 = u32::MAX;
@@ -40,6 +41,7 @@ const SPARE_SLOTS: usize = 1024;
 /// Shrinks `map` to twice its contents once at most an eighth of its
 /// capacity is used (see [`LookupTable::shrink_if_sparse`]).
 fn shrink_map<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+    // guard: L11-maps-shrink-after-cleanup
     if map.capacity() > SPARE_SLOTS && map.len() * 8 < map.capacity() {
         map.shrink_to(map.len() * 2);
     }
@@ -161,6 +163,7 @@ impl Overflow {
         }
         let list = &mut self.lists[entry.more as usize];
         list.push(slot);
+        // guard: L11-shared-keys-are-indexed
         if list.len() > INDEX_ABOVE {
             let index = self.positions.entry(entry.more).or_default();
             if index.is_empty() {
@@ -276,6 +279,7 @@ impl<K: Eq, I> Slot<K, I> {
     /// new pass); advances the cursor past it.
     #[inline]
     fn follows(&mut self, key: &K) -> bool {
+        // guard: L9-cursor-checks-the-key
         if self.keys.get(self.cursor) == Some(key) {
             self.cursor += 1;
             true
@@ -292,13 +296,13 @@ impl<K: Eq, I> Slot<K, I> {
 ///
 /// Plain `&mut self` methods, no threads, clocks or I/O: whoever owns the
 /// table decides when keys go to a backend and when answers come back. The
-/// threaded [`AsyncLookup`](crate::AsyncLookup) is one such owner; a test, a
+/// [`Lookup`](crate::Lookup) is one such owner; a test, a
 /// model checker or a custom driver can be another.
 ///
 /// The cycle of one scheduler step:
 ///
 /// ```
-/// use kvtier::{LookupTable, Verdict};
+/// use kvtier::{lookup::LookupTable, Verdict};
 ///
 /// let mut table: LookupTable<u64, String> = LookupTable::new();
 /// let request = "req-1".to_string();
@@ -356,10 +360,22 @@ pub struct LookupTable<K, R: Request> {
     /// the flush; the flush leaves them out.
     dropped_pending: hashbrown::HashSet<u64>,
     next_generation: u64,
-    stats: Stats,
+    stats: LookupStats,
     /// `(seq, outcome)` of every applied group, in application order, while
     /// recording is on (see [`LookupTable::record_applied`]).
     applied_log: Option<Vec<(u64, GroupOutcome)>>,
+}
+
+/// A summary: how many keys and requests, and the counters.
+impl<K, R: Request> std::fmt::Debug for LookupTable<K, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LookupTable")
+            .field("id", &self.id)
+            .field("keys", &self.states.len())
+            .field("requests", &self.slot_of.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<K, R: Request> Default for LookupTable<K, R> {
@@ -379,7 +395,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             flushed_below: 0,
             dropped_pending: hashbrown::HashSet::new(),
             next_generation: 0,
-            stats: Stats::default(),
+            stats: LookupStats::default(),
             applied_log: None,
         }
     }
@@ -405,6 +421,7 @@ where
     pub fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
         self.stats.lookups += 1;
         let slot = self.slot_for(request.id());
+        // guard: L1-known-key
         let entry = match self.states.get_mut(key) {
             Some(entry) => {
                 // Already linked if the request is the key's first requester
@@ -529,17 +546,20 @@ where
     /// empty submission never reaches the worker.
     pub fn take_submission(&mut self) -> Option<Submission<K, R>> {
         self.batch_groups.clear();
+        // guard: L9-batch-cache-epoch
         self.batch_epoch += 1;
         let mut groups = mem::take(&mut self.batch);
         // Every state created since the last flush is batched once, and
         // moving the watermark puts all of them in flight at once; only the
         // ones cleanup removed meanwhile have to be picked out.
+        // guard: L9-flush-moves-the-watermark
         self.flushed_below = self.next_generation;
         if !self.dropped_pending.is_empty() {
             let dropped = &self.dropped_pending;
             groups.retain_mut(|group| {
                 let mut kept = 0;
                 for i in 0..group.keys.len() {
+                    // guard: L1-batch-generation
                     if dropped.contains(&group.generations[i].0) {
                         continue; // cleaned up before the flush
                     }
@@ -570,8 +590,9 @@ where
     /// stale and dropped. An answer for a state nobody waits for any more (an
     /// orphan: every requester was cleaned up in flight) removes the state.
     /// Otherwise the state becomes resolved. A result of another table's
-    /// group is refused whole (counted in [`Stats::foreign`]).
+    /// group is refused whole (counted in [`LookupStats::foreign`]).
     pub fn apply(&mut self, result: GroupResult<K>) {
+        // guard: L10-apply-checks-the-table
         if result.table != self.id {
             // L10: generations are only comparable within one table.
             self.stats.foreign += 1;
@@ -605,12 +626,14 @@ where
                 continue;
             };
             let state = slot.get_mut();
+            // guard: L2-apply-generation
             if state.generation() != generation {
                 // L3: a late answer for an older incarnation of the key.
                 self.stats.stale_results += 1;
                 continue;
             }
             let phase = state.phase(self.flushed_below);
+            // guard: L5-apply-in-flight-only
             if phase != Phase::InFlight {
                 // A generation is submitted once and answered once, and
                 // nothing but this method leaves InFlight: unreachable unless
@@ -623,6 +646,7 @@ where
                 );
                 continue;
             }
+            // guard: L3-orphan-removal
             if !state.has_requesters() {
                 slot.remove();
                 self.stats.orphans_dropped += 1;
@@ -638,8 +662,9 @@ where
     /// was cleaned up and looked up again since, the ticket is stale and this
     /// is a no-op, so a late failure cannot corrupt a newer lookup. Returns
     /// whether the verdict changed. A ticket from another table is refused
-    /// (counted in [`Stats::foreign`]).
+    /// (counted in [`LookupStats::foreign`]).
     pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> bool {
+        // guard: L10-mark-miss-checks-the-table
         if ticket.table != self.id {
             // L10: another table's generation 3 is not this table's.
             self.stats.foreign += 1;
@@ -647,6 +672,7 @@ where
         }
         match self.states.get_mut(&ticket.key) {
             Some(state)
+                // guard: L4-ticket-generation
                 if state.generation() == ticket.generation
                     && state.phase(self.flushed_below) == (Phase::Resolved { found: true }) =>
             {
@@ -668,6 +694,7 @@ where
     {
         let mut changed = 0;
         for key in keys {
+            // guard: L4-keys-resolved-only
             if let Some(state) = self.states.get_mut(key)
                 && state.phase(self.flushed_below) == (Phase::Resolved { found: true })
             {
@@ -704,6 +731,7 @@ where
                 continue;
             }
             match state.phase(self.flushed_below) {
+                // guard: L3-inflight-retention
                 Phase::InFlight => {} // kept as an orphan
                 Phase::Pending => {
                     self.dropped_pending.insert(state.generation().0);
@@ -765,23 +793,28 @@ where
     /// their outcomes; [`take_applied`](Self::take_applied) hands the record
     /// over. Off by default. For checkers and debugging: with groups
     /// answered concurrently the record is the only way to know the order in
-    /// which answers reached the table.
+    /// which answers reached the table. Not part of the stable API.
+    #[doc(hidden)]
     pub fn record_applied(&mut self, on: bool) {
         self.applied_log = on.then(Vec::new);
     }
 
     /// `(seq, outcome)` of every group applied since recording started or
     /// since the last call, in application order (empty when not recording).
+    /// Not part of the stable API.
+    #[doc(hidden)]
     pub fn take_applied(&mut self) -> Vec<(u64, GroupOutcome)> {
         self.applied_log.as_mut().map(mem::take).unwrap_or_default()
     }
 
     /// A snapshot of the counters.
-    pub fn stats(&self) -> Stats {
+    pub fn stats(&self) -> LookupStats {
         self.stats
     }
 
-    /// The state of `key`, if the table tracks it.
+    /// The state of `key`, if the table tracks it. For checkers, tools and
+    /// debugging; not part of the stable API.
+    #[doc(hidden)]
     pub fn key_state(&self, key: &K) -> Option<KeyState> {
         self.states.get(key).map(|&state| KeyState {
             generation: state.generation(),
@@ -808,8 +841,14 @@ where
 
     /// Checks the table's structural invariants (reverse index and
     /// requester lists agree, no state is left without requesters unless its
-    /// probe is in flight). For tests and models; `Err` names the violation.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// probe is in flight). For tests and models; not part of the stable
+    /// API.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.check_structure().map_err(InvariantViolation)
+    }
+
+    fn check_structure(&self) -> Result<(), String> {
         let mut live = 0;
         for (index, slot) in self.slots.iter().enumerate() {
             let Some(id) = &slot.id else {
@@ -998,7 +1037,7 @@ mod tests {
         }
         fn expect(table: &LookupTable<u64, u64>, needle: &str) {
             let error = table.check_invariants().unwrap_err();
-            assert!(error.contains(needle), "{error}");
+            assert!(error.message().contains(needle), "{error}");
         }
 
         let mut table = populated();

@@ -7,7 +7,7 @@ use std::hash::Hash;
 ///
 /// The table groups a step's new keys by request, hands the request value to
 /// the backend as context for its group, and forgets everything a request
-/// asked when [`cleanup`](crate::LookupTable::cleanup) is called with its id.
+/// asked when [`cleanup`](crate::lookup::LookupTable::cleanup) is called with its id.
 ///
 /// Implemented for `String` and `u64` (the request *is* its id). A richer
 /// request type implements it by pointing at its id field:
@@ -70,7 +70,7 @@ impl Generation {
 
 /// Proof that a lookup answered [`Verdict::Hit`] for one generation of a key.
 ///
-/// Give it back to [`mark_miss`](crate::LookupTable::mark_miss) when loading
+/// Give it back to [`mark_miss`](crate::lookup::LookupTable::mark_miss) when loading
 /// the block failed: only that exact generation is turned into a miss, so a
 /// late failure can never corrupt a newer lookup of the same key. A ticket
 /// belongs to the table that issued it: every table numbers its generations
@@ -83,7 +83,7 @@ pub struct Ticket<K> {
     pub(crate) table: TableId,
 }
 
-/// The identity of one [`LookupTable`](crate::LookupTable), unique in the
+/// The identity of one [`LookupTable`](crate::lookup::LookupTable), unique in the
 /// process: carried by its tickets, groups and group results, so that one
 /// from another table is recognised whatever its generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -117,7 +117,7 @@ impl<K> Ticket<K> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict<K> {
     /// The tier holds the block: start loading it. Keep the ticket for
-    /// [`mark_miss`](crate::LookupTable::mark_miss) in case the load fails.
+    /// [`mark_miss`](crate::lookup::LookupTable::mark_miss) in case the load fails.
     Hit(Ticket<K>),
     /// The tier does not hold the block (or the probe failed).
     Miss,
@@ -142,7 +142,7 @@ impl<K> Verdict<K> {
     }
 }
 
-/// Where a key's lookup stands (see [`LookupTable::key_state`](crate::LookupTable::key_state)).
+/// Where a key's lookup stands (see [`LookupTable::key_state`](crate::lookup::LookupTable::key_state)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// Looked up this step; goes to the worker at the next flush.

@@ -22,7 +22,7 @@ struct Shared {
 /// it is dropped exactly once, when the task is waited for or dropped.
 ///
 /// ```
-/// use kvtier::{CompletionTask, StoreTask};
+/// use kvtier::{save::CompletionTask, StoreTask};
 ///
 /// let (task, completer) = CompletionTask::new("event#1");
 /// let io = std::thread::spawn(move || {
@@ -78,6 +78,7 @@ impl<H> StoreTask for CompletionTask<H> {
     fn wait(mut self) -> Result<(), TaskError> {
         let mut outcome = self.shared.outcome.lock();
         let result = loop {
+            // guard: S1-completion-wait-returns-early
             if let Some(result) = outcome.take() {
                 break result;
             }

@@ -19,7 +19,7 @@ use super::tracker::SaveTracker;
 /// A wrapper that forgets to answer does not compile:
 ///
 /// ```compile_fail,E0046
-/// use kvtier::{SaveScheduler, SchedulerConnector};
+/// use kvtier::{SaveScheduler, save::SchedulerConnector};
 ///
 /// struct Outer {
 ///     inner: SaveScheduler<u64>,
@@ -31,7 +31,7 @@ use super::tracker::SaveTracker;
 /// It has to say what it answers, and forwarding is one line:
 ///
 /// ```
-/// use kvtier::{SaveScheduler, SchedulerConnector};
+/// use kvtier::{SaveScheduler, save::SchedulerConnector};
 ///
 /// struct Outer {
 ///     inner: SaveScheduler<u64>,
@@ -101,7 +101,7 @@ impl<R, C: WorkerConnector<R> + ?Sized> WorkerConnector<R> for Box<C> {
 /// inner connector and returns their reports tagged with its index.
 ///
 /// ```
-/// use kvtier::{MultiConnector, SaveScheduler, SchedulerConnector};
+/// use kvtier::{save::MultiConnector, SaveScheduler, save::SchedulerConnector};
 ///
 /// let mut local = SaveScheduler::new();
 /// let mut remote = SaveScheduler::new();
@@ -185,6 +185,7 @@ impl<C, R: Eq + Hash + Clone + Debug> MultiConnector<C, R> {
                         worker: connector,
                         request,
                     }),
+                    // guard: S2-multi-counts-per-connector
                     Owed::Reported => Some(ReportError::Duplicate {
                         worker: connector,
                         request,
@@ -249,6 +250,7 @@ where
 {
     fn request_finished(&mut self, request: &R) -> bool {
         let owed: Vec<Owed> = self
+            // guard: S6-multi-forwards-to-all
             .inner
             .iter_mut()
             .map(|connector| match connector.request_finished(request) {
@@ -347,7 +349,7 @@ pub enum ReportError<R: Debug> {
 /// can prove each worker reports each delayed request exactly once.
 ///
 /// ```
-/// use kvtier::ReportAggregator;
+/// use kvtier::save::ReportAggregator;
 ///
 /// let mut frees = ReportAggregator::new(2);
 /// frees.expect(7u64); // request_finished(7) answered true
@@ -357,7 +359,7 @@ pub enum ReportError<R: Debug> {
 /// assert_eq!(report.free, vec![7]); // both workers reported 7: free it
 /// assert_eq!(report.refused.len(), 2); // 999 nobody waits for; 7 twice
 /// assert_eq!(frees.report(1, [8])?.free, vec![8]);
-/// # Ok::<(), kvtier::ReportError<u64>>(())
+/// # Ok::<(), kvtier::save::ReportError<u64>>(())
 /// ```
 #[derive(Debug)]
 pub struct ReportAggregator<R> {
@@ -407,6 +409,7 @@ impl<R: Eq + Hash + Clone + Debug> ReportAggregator<R> {
             let Some(seen) = self.waiting.get_mut(&request) else {
                 report
                     .refused
+                    // guard: S3-aggregator-keeps-the-batch
                     .push(ReportError::Unexpected { worker, request });
                 continue;
             };

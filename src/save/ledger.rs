@@ -168,7 +168,9 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         let mut started = Vec::new();
         for request in finished {
             match self.recorded.get_mut(request) {
+                // guard: S3-untracked-not-reported
                 None => self.stats.not_delayed += 1,
+                // guard: S2-report-once
                 Some(true) => self.stats.repeated_finishes += 1,
                 Some(done) => {
                     *done = true;
@@ -218,6 +220,8 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         let by_request = &self.by_request;
         let recorded = &mut self.recorded;
         self.finishing.retain(|request| {
+            // guard: S1-report-while-running
+            // guard: S2-deferred-remembered
             if by_request.contains_key(request) {
                 return true;
             }

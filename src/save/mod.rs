@@ -15,6 +15,7 @@ mod stats;
 mod task;
 mod tracker;
 
+pub use crate::invariant::InvariantViolation;
 pub use completion::{Completer, CompletionTask};
 pub use compose::{
     MultiConnector, Report, ReportAggregator, ReportError, SchedulerConnector, WorkerConnector,

@@ -106,6 +106,7 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
                 continue;
             }
             let hash = hasher.hash_one(&request);
+            // guard: S11-record-step-dedupes-by-hash
             if listed.find(hash, |&i| requests[i] == request).is_some() {
                 continue;
             }
@@ -123,6 +124,7 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
     /// recorded. The request is forgotten either way. Preemption does not go
     /// through here: a preempted request stays recorded.
     pub fn request_finished(&mut self, request: &R) -> bool {
+        // guard: S3-scheduler-forgets
         let delay = self.delayed.remove(request);
         if delay {
             self.stats.delayed += 1;

@@ -18,11 +18,11 @@ pub struct SaveStats {
     /// Tasks waited for while still running: by a blocking `get_finished`, a
     /// preemption fence or [`wait_all`](crate::SaveTracker::wait_all).
     pub tasks_waited: u64,
-    /// Tasks whose wait returned [`TaskError::Failed`](crate::TaskError::Failed).
+    /// Tasks whose wait returned [`TaskError::Failed`](crate::save::TaskError::Failed).
     pub task_failures: u64,
-    /// Tasks whose wait returned [`TaskError::TimedOut`](crate::TaskError::TimedOut).
+    /// Tasks whose wait returned [`TaskError::TimedOut`](crate::save::TaskError::TimedOut).
     pub task_timeouts: u64,
-    /// Tasks whose wait returned [`TaskError::Abandoned`](crate::TaskError::Abandoned).
+    /// Tasks whose wait returned [`TaskError::Abandoned`](crate::save::TaskError::Abandoned).
     pub tasks_abandoned: u64,
     /// Panics caught in a task's `check` or `wait`.
     pub task_panics: u64,

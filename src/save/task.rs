@@ -35,8 +35,8 @@ pub enum TaskError {
     #[error("the save timed out")]
     TimedOut,
     /// Whatever was going to complete the task went away without saying how
-    /// it ended (for a [`CompletionTask`](crate::CompletionTask): its
-    /// [`Completer`](crate::Completer) was dropped).
+    /// it ended (for a [`CompletionTask`](crate::save::CompletionTask): its
+    /// [`Completer`](crate::save::Completer) was dropped).
     #[error("the save was abandoned before it completed")]
     Abandoned,
 }
@@ -60,7 +60,7 @@ impl TaskError {
 /// once: inside `wait`, or wherever an unsubmitted task is dropped.
 ///
 /// ```
-/// use kvtier::{StoreTask, TaskError};
+/// use kvtier::{StoreTask, save::TaskError};
 ///
 /// /// A save the store finished synchronously.
 /// struct Done(Result<(), String>);

@@ -11,6 +11,7 @@ use super::scheduler::SaveStep;
 use super::stats::SaveStats;
 use super::task::{StoreTask, TaskId};
 use crate::fault::take_panic;
+use crate::invariant::InvariantViolation;
 
 /// How [`SaveTracker::get_finished`] treats finished requests whose saves are
 /// still running.
@@ -51,7 +52,7 @@ pub enum CompletionMode {
 /// and the request is still reported: its blocks never leak.
 ///
 /// ```
-/// use kvtier::{SaveScheduler, SaveTracker, StoreTask, TaskError};
+/// use kvtier::{SaveScheduler, SaveTracker, StoreTask, save::TaskError};
 ///
 /// struct Instant; // a save the store completed at once
 /// impl StoreTask for Instant {
@@ -120,6 +121,7 @@ where
     /// Records the step's saving requests (from the scheduler's
     /// [`SaveStep`]); their free stays delayed until this tracker reports them.
     pub fn begin_step(&mut self, step: &SaveStep<R>) {
+        // guard: S6-worker-records-the-step
         self.ledger.begin_step(step.requests());
     }
 
@@ -128,6 +130,7 @@ where
     /// waited for by a fence or a blocking `get_finished`.
     pub fn submit(&mut self, task: T, requests: &[R]) -> TaskId {
         let id = self.ledger.open_task(requests);
+        // guard: S4-task-kept-until-waited
         self.tasks.insert(
             id,
             Running {
@@ -162,6 +165,7 @@ where
                     // later polls, and is waited by the next fence,
                     // wait_all or blocking get_finished. Counted and logged
                     // once per task.
+                    // guard: S9-poll-never-waits
                     let message = take_panic(payload);
                     if !running.check_panicked {
                         running.check_panicked = true;
@@ -194,6 +198,7 @@ where
     /// blocks is still running; every recorded id is returned exactly once.
     pub fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
         let started = self.ledger.finish(finished);
+        // guard: S1-blocking-mode-waits
         if self.mode == CompletionMode::Blocking {
             for id in self.ledger.tasks_of_finishing() {
                 self.close(id, Closed::Waited);
@@ -214,7 +219,9 @@ where
     /// may overwrite those blocks. The requests stay tracked (a preempted
     /// request resumes and finishes later). Returns how many tasks it waited.
     pub fn handle_preemptions(&mut self, preempted: &[R]) -> usize {
+        // guard: S5-fence-only-preempted
         let fenced = self.ledger.tasks_of(preempted);
+        // guard: S5-fence-waits-preempted
         for id in &fenced {
             self.close(*id, Closed::Waited);
         }
@@ -264,8 +271,14 @@ where
     }
 
     /// Checks the tracker's internal consistency (every task accounted for
-    /// once, the reverse index exact); for tests and models.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    /// once, the reverse index exact); for tests and models, not part of the
+    /// stable API.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.check_structure().map_err(InvariantViolation)
+    }
+
+    fn check_structure(&self) -> Result<(), String> {
         self.ledger.check_invariants()?;
         if self.tasks.len() != self.ledger.running_count() {
             return Err(format!(
@@ -299,6 +312,7 @@ where
             }
             Err(payload) => {
                 tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
+                // guard: S2-failed-wait-closes-task
                 self.ledger.close_task(id, how, Ended::Panicked)
             }
         };
@@ -365,12 +379,16 @@ mod tests {
             },
         );
         let why = tracker.check_invariants().unwrap_err();
-        assert!(why.contains("2 task values held for 1 running"), "{why}");
+        assert!(
+            why.message().contains("2 task values held for 1 running"),
+            "{why}"
+        );
         // A running entry whose task value is gone.
         tracker.tasks.remove(&id);
         let why = tracker.check_invariants().unwrap_err();
         assert!(
-            why.contains("task#0 is running but its task value is gone"),
+            why.message()
+                .contains("task#0 is running but its task value is gone"),
             "{why}"
         );
         tracker.tasks.clear();

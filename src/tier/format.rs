@@ -101,6 +101,7 @@ pub fn decode(block: &[u8]) -> Result<&[u8], Corruption> {
     let checksum = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
     let payload = &block[HEADER_LEN..];
     let found = payload.len() as u64;
+    // guard: F2-length
     if found < length {
         return Err(Corruption::Truncated {
             // A header may promise anything up to u64::MAX.
@@ -113,6 +114,7 @@ pub fn decode(block: &[u8]) -> Result<&[u8], Corruption> {
             extra: found - length,
         });
     }
+    // guard: F2-checksum
     if crc32fast::hash(payload) != checksum {
         return Err(Corruption::Checksum);
     }

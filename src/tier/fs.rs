@@ -9,7 +9,7 @@ use super::TierError;
 use super::format::{self, Corruption, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
-use crate::lookup::LookupBackend;
+use crate::lookup::Backend;
 use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -77,9 +77,9 @@ struct Inner {
 /// `<root>/<namespace>/<hex[..3]>/<hex[3..5]>/<hex>.bin`.
 ///
 /// - **Lookup** is "the final file exists" (one `stat`); as a
-///   [`LookupBackend`] (and, with the `tokio` feature, an
-///   [`AsyncLookupBackend`](crate::AsyncLookupBackend)) it answers groups
-///   for the lookup drivers.
+///   blocking [`Backend`] (and, with the `tokio` feature, an
+///   [`AsyncBackend`](crate::lookup::AsyncBackend)) it answers groups
+///   for the lookup probers.
 /// - **Save** writes `<hex>.bin.<random>.tmp` (created exclusively, so two
 ///   tiers, processes or hosts never share one) and renames it over the
 ///   final name, so a reader sees either no block or a whole one, never a
@@ -489,6 +489,7 @@ fn create_shards(path: &Path, follow: bool) -> Result<(), TierError> {
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
             Err(error) => return Err(TierError::io("create", dir, error)),
         }
+        // guard: F6-store-refuses-linked-shards
         if !follow {
             refuse_link(dir)?;
         }
@@ -526,6 +527,7 @@ fn read_block(file: File, size: u64, limit: u64, path: &Path) -> Result<Vec<u8>,
         }));
     }
     let length = format::payload_length(&header).map_err(corrupt)?;
+    // guard: F5-load-checks-the-promised-length
     if length > limit {
         return Err(corrupt(Corruption::TooLarge { length, limit }));
     }
@@ -611,6 +613,7 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
         )));
     }
     create_shards(path, inner.follow_symlinks)?;
+    // guard: F1-atomic-publish
     let (mut file, tmp) = create_temp(path, &name)?;
     let written = (|| {
         // Header and payload written separately: the payload is not copied.
@@ -620,9 +623,11 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
             file.sync_data()?;
         }
         drop(file);
+        // guard: F1-atomic-publish
         fs::rename(&tmp, path)
     })();
     written.map_err(|source| {
+        // guard: F3-failed-write-cleans-up
         let _ = fs::remove_file(&tmp);
         TierError::io("write", path, source)
     })
@@ -663,8 +668,8 @@ impl StoreTask for FsSaveTask {
 
 /// Answers a group with one `stat` per key. An I/O error other than "not
 /// found" fails the whole group (its keys become misses, and the error is
-/// logged and counted by the driver).
-impl<K: BlockKey, R> LookupBackend<K, R> for FsTier {
+/// logged and counted by the prober).
+impl<K: BlockKey, R> Backend<K, R> for FsTier {
     type Answers = Vec<bool>;
     type Error = TierError;
 
@@ -676,6 +681,7 @@ impl<K: BlockKey, R> LookupBackend<K, R> for FsTier {
             .map(|key| {
                 name.clear();
                 push_block_path(key, &mut name);
+                // guard: F7-a-long-key-fails-alone
                 if !relative_name_fits(&name) {
                     return Ok(false); // only this key: no such block can exist
                 }
@@ -686,10 +692,10 @@ impl<K: BlockKey, R> LookupBackend<K, R> for FsTier {
 }
 
 /// Answers a group on tokio's blocking pool, so a hung mount holds a
-/// blocking thread, not a runtime worker, and the driver's timeout still
+/// blocking thread, not a runtime worker, and the prober's timeout still
 /// fires.
-#[cfg(feature = "tokio")]
-impl<K, R> crate::AsyncLookupBackend<K, R> for FsTier
+#[cfg(tokio_driver)]
+impl<K, R> crate::lookup::AsyncBackend<K, R> for FsTier
 where
     K: BlockKey + Sync,
     R: Sync,
@@ -721,7 +727,7 @@ where
         })
         .await
         .unwrap_or_else(|join| match join.try_into_panic() {
-            // The driver catches and counts it like any backend panic.
+            // The prober catches and counts it like any backend panic.
             Ok(payload) => std::panic::resume_unwind(payload),
             Err(join) => Err(TierError::io(
                 "stat",

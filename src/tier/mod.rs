@@ -8,25 +8,25 @@
 //! save tasks for the [`SaveTracker`](crate::SaveTracker).
 
 pub(crate) mod format;
-#[cfg(feature = "fs")]
+#[cfg(fs_tier)]
 mod fs;
 mod key;
-#[cfg(feature = "object-store")]
+#[cfg(object_tier)]
 mod object;
-#[cfg(feature = "fs")]
+#[cfg(fs_tier)]
 mod pool;
-#[cfg(feature = "object-store")]
+#[cfg(object_tier)]
 mod s3;
 
 use std::path::{Path, PathBuf};
 
 pub use format::Corruption;
-#[cfg(feature = "fs")]
+#[cfg(fs_tier)]
 pub use fs::{FsOptions, FsSaveTask, FsTier};
 pub use key::BlockKey;
-#[cfg(feature = "object-store")]
+#[cfg(object_tier)]
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
-#[cfg(feature = "object-store")]
+#[cfg(object_tier)]
 pub use s3::S3Options;
 
 /// Why a tier operation failed.

@@ -10,7 +10,7 @@ use super::TierError;
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::s3::S3Options;
-use crate::lookup::AsyncLookupBackend;
+use crate::lookup::AsyncBackend;
 use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -31,10 +31,10 @@ pub struct ObjectTierStats {
 /// (objects appear whole, so no temporary names are needed), load by `get`
 /// with the same checked block format as [`FsTier`](crate::FsTier).
 ///
-/// As an [`AsyncLookupBackend`] it answers a group with concurrent `head`
+/// As an [`AsyncBackend`] it answers a group with concurrent `head`
 /// requests: "not found" is a miss; any other error is a miss too, logged
 /// and counted in [`stats`](Self::stats) — a tier that cannot be reached
-/// never holds up the scheduler beyond the driver's group timeout.
+/// never holds up the scheduler beyond the prober's group timeout.
 ///
 /// ```
 /// use kvtier::ObjectTier;
@@ -162,6 +162,7 @@ impl ObjectTier {
         // A key type whose name breaks the hex contract takes that path.
         if location[name..]
             .bytes()
+            // guard: F4-only-hex-names-skip-encoding
             .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'.')
             && let Ok(location) = ObjectPath::parse(&location)
         {
@@ -316,7 +317,7 @@ impl StoreTask for ObjectSaveTask {
     }
 }
 
-impl<K, R> AsyncLookupBackend<K, R> for ObjectTier
+impl<K, R> AsyncBackend<K, R> for ObjectTier
 where
     K: BlockKey + Sync,
     R: Sync,

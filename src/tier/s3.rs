@@ -93,7 +93,7 @@ impl S3Options {
     /// are refused, not resolved.
     ///
     /// ```
-    /// use kvtier::S3Options;
+    /// use kvtier::tier::S3Options;
     ///
     /// let (options, namespace) =
     ///     S3Options::from_url("s3://kv-cache/llama/rank0?endpoint=http://127.0.0.1:9000")?;
@@ -161,7 +161,7 @@ impl S3Options {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use kvtier::S3Options;
+    /// use kvtier::tier::S3Options;
     ///
     /// let mut options = S3Options::new("kv-cache");
     /// options.endpoint = Some("http://127.0.0.1:9000/#frag".into());
@@ -311,6 +311,7 @@ pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), String> {
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err("carries a user name or password; give credentials in the options".into());
     }
+    // guard: F8-endpoint-has-no-query
     if parsed.query().is_some() {
         return Err(
             "has a query (`?...`), which would be sent in place of the object's path".into(),
@@ -325,6 +326,7 @@ pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), String> {
             parsed.path()
         ));
     }
+    // guard: F8-endpoint-is-canonical
     if parsed.as_str().trim_end_matches('/') != endpoint.trim_end_matches('/') {
         return Err(format!(
             "is read as {:?}; write it that way",

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Duration;
 
-use kvtier::LookupBackend;
+use kvtier::lookup::Backend;
 
 /// One backend call, as the test sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ impl Harness {
     }
 }
 
-impl LookupBackend<u64, String> for GatedBackend {
+impl Backend<u64, String> for GatedBackend {
     type Answers = Vec<bool>;
     type Error = std::convert::Infallible;
 

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use kvtier::{
-    AsyncLookupBackend, CompletionTask, FsSaveTask, FsTier, Phase, SaveScheduler, SaveTracker,
-    StoreTask, TaskError, TierError, TokioConfig, TokioLookup, Verdict,
+    FsTier, SaveScheduler, SaveTracker, StoreTask, TierError, Verdict, lookup::AsyncBackend,
+    lookup::Phase, lookup::TokioConfig, lookup::TokioLookup, save::CompletionTask, save::TaskError,
+    tier::FsSaveTask,
 };
 
 use super::Failure;
@@ -73,14 +74,14 @@ struct DemoBackend {
     answered: Arc<Mutex<Vec<(String, usize, Instant)>>>,
 }
 
-impl AsyncLookupBackend<u64, String> for DemoBackend {
+impl AsyncBackend<u64, String> for DemoBackend {
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[u64], request: &String) -> Result<Vec<bool>, TierError> {
         if self.slow.contains(request) {
             tokio::time::sleep(self.delay).await;
         }
-        let answers = AsyncLookupBackend::batch_lookup(&self.tier, keys, request).await;
+        let answers = AsyncBackend::batch_lookup(&self.tier, keys, request).await;
         self.answered.lock().expect("demo bookkeeping").push((
             request.clone(),
             keys.len(),
@@ -239,7 +240,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
     let config = TokioConfig::default()
         .max_concurrent_groups(4)
         .group_timeout(Some(Duration::from_secs(2)));
-    let mut lookup = TokioLookup::new(backend, config).map_err(failed)?;
+    let mut lookup = TokioLookup::tokio(backend, config).map_err(failed)?;
     let mut scheduler: SaveScheduler<String> = SaveScheduler::new();
     let mut worker: SaveTracker<String, DemoSave> = SaveTracker::new();
     let mut requests = plan();
@@ -283,7 +284,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
         for request in requests.iter_mut().filter(|r| r.state == State::Waiting) {
             let mut verdicts = Vec::new();
             for key in &request.blocks {
-                let verdict = lookup.lookup(key, &request.id).map_err(failed)?;
+                let verdict = lookup.lookup(key, &request.id);
                 match &verdict {
                     Verdict::Hit(_) => hits += 1,
                     Verdict::Miss => misses += 1,
@@ -310,7 +311,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
                             Err(error) => short(&error.to_string()).to_owned(),
                             _ => "the block is gone".to_owned(),
                         };
-                        lookup.mark_miss(ticket).map_err(failed)?;
+                        lookup.mark_miss(ticket);
                         totals.failed_loads += 1;
                         lines.push(format!(
                             "         {}: loading block {key:#x} failed ({why}); mark_miss: recomputed here, a miss for later lookups",
@@ -358,7 +359,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
             if let State::Running { steps_left } = request.state {
                 if steps_left == 0 {
                     request.state = State::Finished;
-                    lookup.cleanup(&request.id).map_err(failed)?;
+                    lookup.cleanup(&request.id);
                     let delayed = scheduler.request_finished(&request.id);
                     if delayed {
                         lines.push(format!(
@@ -421,7 +422,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
         for request in requests.iter_mut() {
             if request.cancel_at == Some(step) && request.state == State::Waiting {
                 request.state = State::Cancelled;
-                lookup.cleanup(&request.id).map_err(failed)?;
+                lookup.cleanup(&request.id);
                 say!(
                     "         {} cancelled by its client while its lookup is in flight: its answers will be dropped",
                     request.id
@@ -431,7 +432,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
 
         // Idle until the next step, applying answers as they are published.
         while flushed_at.elapsed() < step_length {
-            lookup.drain().map_err(failed)?;
+            lookup.drain();
             unresolved.retain(|key| match lookup.table().key_state(key) {
                 Some(state) if matches!(state.phase, Phase::Resolved { .. }) => {
                     totals.latencies.push(flushed_at.elapsed());
@@ -454,12 +455,12 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
         }
     }
 
-    lookup.drain().map_err(failed)?;
+    lookup.drain();
     worker.wait_all();
     let stats = lookup.stats();
     let save_stats = worker.stats();
     let scheduler_stats = scheduler.stats();
-    lookup.shutdown().map_err(failed)?;
+    lookup.shutdown().map_err(|error| failed(error.into()))?;
 
     say!("");
     say!("summary");

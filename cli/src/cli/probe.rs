@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvtier::{
-    AsyncLookupBackend, FsOptions, FsTier, GroupOutcome, ObjectTier, S3Options, TierError,
-    TokioConfig, TokioLookup,
+    FsTier, ObjectTier, TierError, lookup::AsyncBackend, lookup::GroupOutcome, lookup::TokioConfig,
+    lookup::TokioLookup, tier::FsOptions, tier::S3Options,
 };
 
 use super::Failure;
@@ -56,13 +56,13 @@ enum Tier {
     S3(ObjectTier),
 }
 
-impl AsyncLookupBackend<u64, String> for Tier {
+impl AsyncBackend<u64, String> for Tier {
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[u64], request: &String) -> Result<Vec<bool>, TierError> {
         match self {
-            Tier::Fs(tier) => AsyncLookupBackend::batch_lookup(tier, keys, request).await,
-            Tier::S3(tier) => AsyncLookupBackend::batch_lookup(tier, keys, request).await,
+            Tier::Fs(tier) => AsyncBackend::batch_lookup(tier, keys, request).await,
+            Tier::S3(tier) => AsyncBackend::batch_lookup(tier, keys, request).await,
         }
     }
 }
@@ -144,8 +144,8 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let config = TokioConfig::default()
         .max_concurrent_groups(args.concurrency as usize)
         .group_timeout(Some(Duration::from_millis(args.timeout)));
-    let mut lookup =
-        TokioLookup::new(tier.clone(), config).map_err(|error| Failure::run(error.to_string()))?;
+    let mut lookup = TokioLookup::tokio(tier.clone(), config)
+        .map_err(|error| Failure::run(error.to_string()))?;
     lookup.record_applied(true);
     let keys = keys(args.seed, args.keys);
     let requests: Vec<String> = (0..args.groups).map(|g| format!("probe-{g}")).collect();
@@ -165,9 +165,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     // Key i belongs to group i mod G, so the groups are submitted (and
     // numbered) in order 0, 1, ..., G-1.
     for (i, key) in keys.iter().enumerate() {
-        lookup
-            .lookup(key, &requests[i % requests.len()])
-            .map_err(failed)?;
+        lookup.lookup(key, &requests[i % requests.len()]);
     }
     let submitted = lookup.flush().map_err(failed)?;
     debug_assert_eq!(submitted as u64, args.keys);
@@ -175,7 +173,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let mut latencies = Vec::with_capacity(requests.len());
     let (mut failed_keys, mut timed_out_keys) = (0u64, 0u64);
     while (latencies.len() as u64) < args.groups {
-        lookup.drain().map_err(failed)?;
+        lookup.drain();
         let applied = lookup.take_applied();
         if applied.is_empty() {
             std::thread::sleep(Duration::from_micros(50));
@@ -203,16 +201,13 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
 
     let (mut hits, mut misses) = (0u64, 0u64);
     for (i, key) in keys.iter().enumerate() {
-        match lookup
-            .lookup(key, &requests[i % requests.len()])
-            .map_err(failed)?
-        {
+        match lookup.lookup(key, &requests[i % requests.len()]) {
             verdict if verdict.is_hit() => hits += 1,
             _ => misses += 1,
         }
     }
     let stats = lookup.stats();
-    lookup.shutdown().map_err(failed)?;
+    lookup.shutdown().map_err(|error| failed(error.into()))?;
     // Keys, not groups: an object store fails heads one by one inside
     // groups that still count as answered.
     let errors = match &tier {

@@ -1,0 +1,212 @@
+//! The thread prober: a worker thread that probes a blocking [`Backend`]
+//! one request group at a time, in submission order, with a queue of
+//! submissions from the scheduler under one mutex.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use super::backend::{Backend, probe_group};
+use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
+use super::submission::Submission;
+use super::types::Request;
+use crate::fault::take_panic;
+use crate::sync::{Arc, Condvar, Mutex, thread};
+
+/// The scheduler → worker side, guarded by one mutex.
+struct Queue<K, R> {
+    submissions: VecDeque<Submission<K, R>>,
+    /// Submissions handed over / fully published, for `wait_idle`.
+    submitted: u64,
+    completed: u64,
+    /// Set by `shutdown`: finish what is queued, then exit.
+    closing: bool,
+    /// Set when the worker exits, normally or not.
+    exited: Option<String>,
+}
+
+struct Shared<K, R> {
+    queue: Mutex<Queue<K, R>>,
+    /// Signals the worker: a submission was queued, or `closing` was set.
+    work_ready: Condvar,
+    /// Signals the scheduler: `completed` grew, or the worker exited.
+    progress: Condvar,
+}
+
+/// A [`Prober`] that probes a blocking [`Backend`] on a worker thread, one
+/// request group at a time in submission order, publishing each group as
+/// soon as it is done. Built by [`Lookup::threaded`].
+///
+/// Shutdown lets the worker finish every queued submission and joins it:
+/// a backend call that never returns makes it wait forever (timeouts are
+/// the tokio prober's).
+pub struct ThreadProber<K, R> {
+    shared: Arc<Shared<K, R>>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+/// A [`Lookup`] whose groups a worker thread probes.
+pub type ThreadLookup<K, R> = Lookup<K, R, ThreadProber<K, R>>;
+
+impl<K, R> ThreadProber<K, R>
+where
+    K: Send + 'static,
+    R: Request + Send + 'static,
+{
+    /// Starts a worker thread named `name` that probes `backend` and
+    /// publishes through `results`.
+    pub fn spawn<B>(backend: B, results: Publisher<K>, name: &str) -> Result<Self, LookupError>
+    where
+        B: Backend<K, R> + Send + 'static,
+    {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                submissions: VecDeque::new(),
+                submitted: 0,
+                completed: 0,
+                closing: false,
+                exited: None,
+            }),
+            work_ready: Condvar::new(),
+            progress: Condvar::new(),
+        });
+        let worker_shared = shared.clone();
+        let worker = thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || run_worker(&worker_shared, &results, backend))
+            .map_err(LookupError::Spawn)?;
+        Ok(Self {
+            shared,
+            worker: Some(worker),
+        })
+    }
+}
+
+impl<K, R> Lookup<K, R, ThreadProber<K, R>>
+where
+    K: Eq + std::hash::Hash + Clone + Send + 'static,
+    R: Request + Send + 'static,
+{
+    /// A lookup whose groups a worker thread named `kvtier-lookup` probes
+    /// with `backend`, one at a time.
+    pub fn threaded<B>(backend: B) -> Result<Self, LookupError>
+    where
+        B: Backend<K, R> + Send + 'static,
+    {
+        Self::threaded_named(backend, "kvtier-lookup")
+    }
+
+    /// [`threaded`](Self::threaded) with the worker thread named `name`.
+    pub fn threaded_named<B>(backend: B, name: &str) -> Result<Self, LookupError>
+    where
+        B: Backend<K, R> + Send + 'static,
+    {
+        Self::try_with_prober(|results| ThreadProber::spawn(backend, results, name))
+    }
+}
+
+impl<K, R> Prober<K, R> for ThreadProber<K, R> {
+    fn submit(&mut self, submission: Submission<K, R>) -> Result<(), Refused<K, R>> {
+        let mut queue = self.shared.queue.lock();
+        if let Some(reason) = &queue.exited {
+            let error = LookupError::WorkerLost(reason.clone());
+            return Err(Refused { submission, error });
+        }
+        queue.submissions.push_back(submission);
+        queue.submitted += 1;
+        drop(queue);
+        self.shared.work_ready.notify_one();
+        Ok(())
+    }
+
+    fn wait_idle(&mut self) -> Result<(), LookupError> {
+        let mut queue = self.shared.queue.lock();
+        while queue.completed < queue.submitted {
+            if let Some(reason) = &queue.exited {
+                return Err(LookupError::WorkerLost(reason.clone()));
+            }
+            queue = self.shared.progress.wait(queue);
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Result<(), LookupError> {
+        let Some(worker) = self.worker.take() else {
+            return Ok(());
+        };
+        self.shared.queue.lock().closing = true;
+        self.shared.work_ready.notify_one();
+        worker
+            .join()
+            .map_err(|payload| LookupError::WorkerLost(take_panic(payload)))
+    }
+}
+
+impl<K, R> Drop for ThreadProber<K, R> {
+    fn drop(&mut self) {
+        // Only a prober never handed to a `Lookup` still has its worker
+        // here. Nothing to report to: a worker that panicked already logged.
+        if let Err(error) = Prober::shutdown(self) {
+            drop(error);
+        }
+    }
+}
+
+impl<K, R> fmt::Debug for ThreadProber<K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queue = self.shared.queue.lock();
+        f.debug_struct("ThreadProber")
+            .field("submitted", &queue.submitted)
+            .field("completed", &queue.completed)
+            .field("running", &self.worker.is_some())
+            .finish()
+    }
+}
+
+/// Marks the worker's exit in the queue, however it exits, so a scheduler in
+/// `wait_idle` or `flush` learns of it instead of waiting forever.
+struct ExitGuard<'a, K, R>(&'a Shared<K, R>);
+
+impl<K, R> Drop for ExitGuard<'_, K, R> {
+    fn drop(&mut self) {
+        let reason = if std::thread::panicking() {
+            "the worker panicked"
+        } else {
+            "the worker stopped"
+        };
+        self.0.queue.lock().exited = Some(reason.to_owned());
+        self.0.progress.notify_all();
+    }
+}
+
+fn run_worker<K, R, B>(shared: &Shared<K, R>, published: &Publisher<K>, mut backend: B)
+where
+    R: Request,
+    B: Backend<K, R>,
+{
+    let _exit = ExitGuard(shared);
+    loop {
+        let submission = {
+            let mut queue = shared.queue.lock();
+            loop {
+                // guard: L8-shutdown-finishes-queued-work
+                if let Some(submission) = queue.submissions.pop_front() {
+                    break submission;
+                }
+                if queue.closing {
+                    return;
+                }
+                queue = shared.work_ready.wait(queue);
+            }
+        };
+        // guard: L7-per-group-publication
+        for group in submission.into_groups() {
+            // Each group is visible to the scheduler as soon as it
+            // is done, not when the whole submission is.
+            // guard: L7-per-group-publication
+            published.publish(probe_group(&mut backend, group));
+        }
+        // guard: L7-per-group-publication
+        shared.queue.lock().completed += 1;
+        shared.progress.notify_all();
+    }
+}

@@ -1,0 +1,112 @@
+//! Settings of the tokio prober, validated when it starts.
+
+use std::time::Duration;
+
+use crate::lookup::scheduler::LookupError;
+
+/// Settings of a [`TokioProber`](super::TokioProber). Start from `TokioConfig::default()` and
+/// change what you need:
+///
+/// ```
+/// use std::time::Duration;
+/// use kvtier::lookup::TokioConfig;
+///
+/// let config = TokioConfig::default()
+///     .max_concurrent_groups(8)
+///     .group_timeout(Some(Duration::from_millis(500)));
+/// assert_eq!(config.get_max_concurrent_groups(), 8);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokioConfig {
+    pub(super) max_concurrent_groups: usize,
+    pub(super) group_timeout: Option<Duration>,
+    pub(super) shutdown_grace: Duration,
+    pub(super) worker_threads: usize,
+}
+
+impl Default for TokioConfig {
+    /// Four groups at once, a 2 s timeout per group, 1 s of grace at
+    /// shutdown, two runtime threads when the driver owns its runtime.
+    fn default() -> Self {
+        Self {
+            max_concurrent_groups: 4,
+            group_timeout: Some(Duration::from_secs(2)),
+            shutdown_grace: Duration::from_secs(1),
+            worker_threads: 2,
+        }
+    }
+}
+
+impl TokioConfig {
+    /// How many groups are probed at once (at least 1). With 1, groups are
+    /// probed and published strictly in submission order, as by the
+    /// [`ThreadProber`](crate::lookup::ThreadProber).
+    pub fn max_concurrent_groups(mut self, groups: usize) -> Self {
+        self.max_concurrent_groups = groups;
+        self
+    }
+
+    /// How long one backend call may take; a group that takes longer has
+    /// its future dropped and every key becomes a miss (counted in
+    /// [`LookupStats::timeouts`](crate::lookup::LookupStats::timeouts)). `None` waits forever, which also makes
+    /// shutdown cancel such a call after the grace period instead.
+    pub fn group_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.group_timeout = timeout;
+        self
+    }
+
+    /// How long shutdown lets queued and running groups
+    /// finish before it cancels them. Zero cancels at once; a grace too long
+    /// to end (`Duration::MAX`) waits for them.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Threads of the runtime [`Lookup::tokio`](crate::Lookup::tokio) builds (1 to 1024);
+    /// unused with [`Lookup::tokio_on`](crate::Lookup::tokio_on).
+    pub fn worker_threads(mut self, threads: usize) -> Self {
+        self.worker_threads = threads;
+        self
+    }
+
+    /// The configured concurrency.
+    pub fn get_max_concurrent_groups(&self) -> usize {
+        self.max_concurrent_groups
+    }
+
+    /// The configured per-group timeout.
+    pub fn get_group_timeout(&self) -> Option<Duration> {
+        self.group_timeout
+    }
+
+    /// The configured shutdown grace period.
+    pub fn get_shutdown_grace(&self) -> Duration {
+        self.shutdown_grace
+    }
+
+    pub(super) fn validate(&self) -> Result<(), LookupError> {
+        if self.max_concurrent_groups == 0 {
+            return Err(LookupError::Config(
+                "max_concurrent_groups must be at least 1".into(),
+            ));
+        }
+        if self.group_timeout == Some(Duration::ZERO) {
+            return Err(LookupError::Config(
+                "a zero group_timeout would make every key a miss; use a positive timeout or None"
+                    .into(),
+            ));
+        }
+        if !(1..=MAX_WORKER_THREADS).contains(&self.worker_threads) {
+            return Err(LookupError::Config(format!(
+                "worker_threads is {}; it must be 1 to {MAX_WORKER_THREADS}",
+                self.worker_threads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The most runtime threads [`Lookup::tokio`](crate::Lookup::tokio) starts: more only costs
+/// memory (a million of them abort the process).
+pub(super) const MAX_WORKER_THREADS: usize = 1024;
