@@ -192,7 +192,7 @@ fn save_part() -> Result<(), Box<dyn std::error::Error>> {
     let mut scheduler = SaveScheduler::new();
     let mut workers: Vec<SaveTracker<&str, CompletionTask>> =
         (0..WORKERS).map(|_| SaveTracker::new()).collect();
-    let mut frees = ReportAggregator::new(WORKERS);
+    let mut frees = ReportAggregator::new(WORKERS).expect("at least one worker");
     let started = Instant::now();
     let ms = |at: Instant| at.elapsed().as_millis();
 

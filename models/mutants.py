@@ -225,6 +225,12 @@ MUTATIONS = [
         TEST + ["--test", "table"],
     ),
     Mutation(
+        "S2-aggregator-needs-a-worker",
+        "an aggregator for no workers is built (and can never free a request)",
+        [("if workers == 0 {", "if false {")],
+        TEST + ["-p", "kvtier", "--test", "save", "an_aggregator_for_no_workers_is_refused"],
+    ),
+    Mutation(
         "S1-report-while-running",
         "a finished request is reported although a task still reads its blocks",
         [("            if by_request.contains_key(request) {\n                return true;\n            }",

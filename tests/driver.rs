@@ -276,7 +276,7 @@ fn defects_4_and_5_backend_faults_become_misses_and_the_worker_keeps_serving() {
 }
 
 #[test]
-fn shutdown_finishes_queued_work_and_later_calls_return_an_error() {
+fn shutdown_finishes_queued_work_and_hands_back_the_final_table() {
     let mut harness = Harness::new([1, 2]);
     let release = harness.gate("s1");
     let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();

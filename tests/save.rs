@@ -519,7 +519,7 @@ fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per
     let mut scheduler = SaveScheduler::new();
     let mut saving: Tracker = SaveTracker::new();
     let mut idle: Tracker = SaveTracker::new();
-    let mut frees = ReportAggregator::new(2);
+    let mut frees = ReportAggregator::new(2).unwrap();
 
     let step = scheduler.record_step([(1, 1), (2, 1)]);
     saving.begin_step(&step);
@@ -559,7 +559,7 @@ fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per
 
 #[test]
 fn the_aggregator_rejects_duplicate_unexpected_and_out_of_range_reports() {
-    let mut frees = ReportAggregator::new(2);
+    let mut frees = ReportAggregator::new(2).unwrap();
     assert!(frees.expect(1u64));
     assert!(!frees.expect(1u64));
     assert_eq!(
@@ -601,7 +601,7 @@ fn the_aggregator_rejects_duplicate_unexpected_and_out_of_range_reports() {
 #[test]
 fn a_refused_report_never_swallows_an_accepted_free() {
     // One worker: 10 is complete on its report, 999 nobody waits for.
-    let mut frees = ReportAggregator::new(1);
+    let mut frees = ReportAggregator::new(1).unwrap();
     frees.expect(10u64);
     let report = frees.report(0, [10, 999]).unwrap();
     assert_eq!(report.free, [10], "10's blocks are freed");
@@ -615,7 +615,7 @@ fn a_refused_report_never_swallows_an_accepted_free() {
     assert_eq!(frees.waiting(), 0);
 
     // Two workers: worker 1 reports 11 twice after worker 0 reported it.
-    let mut frees = ReportAggregator::new(2);
+    let mut frees = ReportAggregator::new(2).unwrap();
     frees.expect(11u64);
     frees.expect(12u64);
     assert!(frees.report(0, [11]).unwrap().free.is_empty());
@@ -968,4 +968,16 @@ fn recording_a_large_step_is_linear_in_its_requests() {
         2 * n
     );
     assert_eq!(scheduler.delayed_count(), n as usize);
+}
+
+/// An aggregator for no workers could never free anything: it is refused
+/// instead of silently counting one worker.
+#[test]
+fn an_aggregator_for_no_workers_is_refused() {
+    let refused = ReportAggregator::<u64>::new(0);
+    assert!(
+        matches!(refused, Err(ReportError::NoWorkers)),
+        "{refused:?}"
+    );
+    assert!(ReportAggregator::<u64>::new(1).is_ok());
 }

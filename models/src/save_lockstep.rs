@@ -115,7 +115,7 @@ impl SaveLockstep {
             scheduler_spec: SchedulerSpec::default(),
             workers: (0..workers).map(|_| SaveTracker::with_mode(mode)).collect(),
             specs: (0..workers).map(|_| WorkerSpec::new(mode)).collect(),
-            frees: ReportAggregator::new(workers),
+            frees: ReportAggregator::new(workers).expect("at least one worker"),
             live: std::array::from_fn(|slot| slot as Rid),
             next_id: SLOTS as Rid,
             last_step: Vec::new(),

@@ -157,6 +157,12 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
     assert!(ids.len() > 50, "found only {} mutations", ids.len());
     let untagged: Vec<_> = ids.difference(&tags).collect();
     let orphans: Vec<_> = tags.difference(&ids).collect();
-    assert!(untagged.is_empty(), "mutations without a guard tag: {untagged:?}");
-    assert!(orphans.is_empty(), "guard tags without a mutation: {orphans:?}");
+    assert!(
+        untagged.is_empty(),
+        "mutations without a guard tag: {untagged:?}"
+    );
+    assert!(
+        orphans.is_empty(),
+        "guard tags without a mutation: {orphans:?}"
+    );
 }

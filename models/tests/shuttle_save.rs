@@ -127,7 +127,7 @@ fn save_workload(mode: CompletionMode) {
     };
     let mut scheduler = SaveScheduler::new();
     let mut workers: Vec<Worker> = (0..WORKERS).map(|_| SaveTracker::with_mode(mode)).collect();
-    let mut frees = ReportAggregator::new(WORKERS);
+    let mut frees = ReportAggregator::new(WORKERS).unwrap();
     let mut live: Vec<u64> = (0..LIVE as u64).collect();
     let mut next = LIVE as u64;
     let mut delayed = 0;

@@ -315,6 +315,10 @@ impl<R: Debug> Report<R> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReportError<R: Debug> {
+    /// An aggregator for no workers: nobody could ever report, so no request
+    /// would ever be freed.
+    #[error("an aggregator needs at least one worker")]
+    NoWorkers,
     /// The worker index is not below the aggregator's worker count.
     #[error("worker {worker} does not exist ({workers} workers)")]
     NoSuchWorker {
@@ -351,7 +355,7 @@ pub enum ReportError<R: Debug> {
 /// ```
 /// use kvtier::save::ReportAggregator;
 ///
-/// let mut frees = ReportAggregator::new(2);
+/// let mut frees = ReportAggregator::new(2)?;
 /// frees.expect(7u64); // request_finished(7) answered true
 /// frees.expect(8u64);
 /// assert!(frees.report(0, [7, 8])?.free.is_empty());
@@ -369,12 +373,17 @@ pub struct ReportAggregator<R> {
 }
 
 impl<R: Eq + Hash + Clone + Debug> ReportAggregator<R> {
-    /// An aggregator for `workers` workers (at least one is counted).
-    pub fn new(workers: usize) -> Self {
-        Self {
-            workers: workers.max(1),
-            waiting: HashMap::new(),
+    /// An aggregator for `workers` workers; [`ReportError::NoWorkers`] for
+    /// none.
+    pub fn new(workers: usize) -> Result<Self, ReportError<R>> {
+        // guard: S2-aggregator-needs-a-worker
+        if workers == 0 {
+            return Err(ReportError::NoWorkers);
         }
+        Ok(Self {
+            workers,
+            waiting: HashMap::new(),
+        })
     }
 
     /// Expects a report of `request` from every worker (its free was delayed).
