@@ -1,0 +1,586 @@
+//! The sans-IO lookup table: every rule of the protocol, no threads inside.
+//!
+//! This file holds the rules; `storage` the per-key entries, requester
+//! lists and request slots they are kept in; `check` the structural
+//! self-check the tests and models run.
+//!
+//! Layout (see docs/performance.md for what it costs): one hash map from key
+//! to a 16-byte [`Entry`] (generation and phase packed in one word, the
+//! requesters as small slot numbers), live requests interned into a slab of
+//! [`Slot`]s so a link is a `u32` and not a copy of the request id, and
+//! the requesters of shared keys beyond the first in reusable overflow lists.
+//! Maps use hashbrown's default hasher (foldhash): fast on the short keys a
+//! KV cache uses, and seeded per table, unlike an unseeded FxHash.
+
+use std::hash::Hash;
+use std::mem;
+
+use hashbrown::HashMap;
+use hashbrown::hash_map::Entry as MapEntry;
+
+use super::stats::LookupStats;
+use super::submission::{Group, GroupOutcome, GroupResult, Submission};
+use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
+use crate::invariant::InvariantViolation;
+
+mod check;
+mod storage;
+#[cfg(test)]
+mod tests;
+
+use storage::{
+    Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_SLOTS, Slot, link_requester, shrink_map,
+};
+
+/// The scheduler-owned state of the async lookup protocol.
+///
+/// Plain `&mut self` methods, no threads, clocks or I/O: whoever owns the
+/// table decides when keys go to a backend and when answers come back. The
+/// [`Lookup`](crate::Lookup) is one such owner; a test, a
+/// model checker or a custom driver can be another.
+///
+/// The cycle of one scheduler step:
+///
+/// ```
+/// use kvtier::{lookup::LookupTable, Verdict};
+///
+/// let mut table: LookupTable<u64, String> = LookupTable::new();
+/// let request = "req-1".to_string();
+///
+/// // Unknown keys are pending until the tier has been asked.
+/// assert_eq!(table.lookup(&7, &request), Verdict::Pending);
+/// assert_eq!(table.lookup(&8, &request), Verdict::Pending);
+///
+/// // End of step: the new keys, grouped by request, go to a backend ...
+/// let submission = table.take_submission().expect("two new keys");
+/// for group in submission.into_groups() {
+///     let answers: Vec<bool> = group.keys().iter().map(|key| key % 2 == 1).collect();
+///     // ... and each group's answers come back, possibly much later.
+///     table.apply(group.answered(answers));
+/// }
+///
+/// let Verdict::Hit(ticket) = table.lookup(&7, &request) else { panic!("7 is odd") };
+/// assert_eq!(table.lookup(&8, &request), Verdict::Miss);
+///
+/// // Loading block 7 failed: stop offering it, without re-probing.
+/// assert!(table.mark_miss(&ticket));
+/// assert_eq!(table.lookup(&7, &request), Verdict::Miss);
+///
+/// table.cleanup(&request);
+/// assert!(table.is_empty());
+/// ```
+pub struct LookupTable<K, R: Request> {
+    /// Carried by every ticket, group and result this table hands out.
+    id: TableId,
+    states: HashMap<K, Entry>,
+    /// Live request ids and their slots.
+    slot_of: HashMap<R::Id, u32>,
+    slots: Vec<Slot<K, R::Id>>,
+    free_slots: Vec<u32>,
+    /// Half the live requests at the last compaction (or since): the next
+    /// one waits until fewer are live (see [`LookupTable::shrink_if_sparse`]).
+    compact_below: usize,
+    /// The slot of the last request that called `lookup`: a scheduler asks
+    /// about one request's keys in a row, so this saves hashing the id.
+    last_slot: u32,
+    overflow: Overflow,
+    /// This step's new keys, grouped by request in first-appearance order.
+    batch: Vec<Group<K, R>>,
+    /// Index in `batch` of each request's group. Kept apart from the slots
+    /// so a request cleaned up and seen again within one step still gets
+    /// one group.
+    batch_groups: HashMap<R::Id, usize>,
+    /// Bumped by every `take_submission`: slots' cached group indices from
+    /// an earlier batch are then stale.
+    batch_epoch: u64,
+    /// Generations below this were created before the last flush: an
+    /// unresolved state below it is in flight, one at or above it pending.
+    flushed_below: u64,
+    /// Generations of batched (pending) states that cleanup removed before
+    /// the flush; the flush leaves them out.
+    dropped_pending: hashbrown::HashSet<u64>,
+    next_generation: u64,
+    stats: LookupStats,
+    /// `(seq, outcome)` of every applied group, in application order, while
+    /// recording is on (see [`LookupTable::record_applied`]).
+    applied_log: Option<Vec<(u64, GroupOutcome)>>,
+}
+
+/// A summary: how many keys and requests, and the counters.
+impl<K, R: Request> std::fmt::Debug for LookupTable<K, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LookupTable")
+            .field("id", &self.id)
+            .field("keys", &self.states.len())
+            .field("requests", &self.slot_of.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, R: Request> Default for LookupTable<K, R> {
+    fn default() -> Self {
+        Self {
+            id: TableId::new(),
+            states: HashMap::new(),
+            slot_of: HashMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            compact_below: 0,
+            last_slot: NONE,
+            overflow: Overflow::default(),
+            batch: Vec::new(),
+            batch_groups: HashMap::new(),
+            batch_epoch: 0,
+            flushed_below: 0,
+            dropped_pending: hashbrown::HashSet::new(),
+            next_generation: 0,
+            stats: LookupStats::default(),
+            applied_log: None,
+        }
+    }
+}
+
+impl<K, R> LookupTable<K, R>
+where
+    K: Eq + Hash + Clone,
+    R: Request,
+{
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What the tier knows about `key`, recording that `request` asked.
+    ///
+    /// An unknown key gets a fresh state (a new [`Generation`]) and joins this
+    /// step's batch under `request`'s group; it is [`Verdict::Pending`] until
+    /// its result is applied. A known key is never batched again: a second
+    /// request asking for it shares the probe already pending or in flight.
+    #[inline(always)]
+    pub fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
+        self.stats.lookups += 1;
+        let slot = self.slot_for(request.id());
+        // guard: L1-known-key
+        let entry = match self.states.get_mut(key) {
+            Some(entry) => {
+                // A request asks once however often it looks the key up.
+                link_requester(
+                    entry,
+                    slot,
+                    &mut self.slots[slot as usize],
+                    &mut self.overflow,
+                    key,
+                );
+                *entry
+            }
+            None => self.insert_new(key, request, slot),
+        };
+        match entry.phase(self.flushed_below) {
+            Phase::Pending | Phase::InFlight => {
+                self.stats.pending += 1;
+                Verdict::Pending
+            }
+            Phase::Resolved { found: true } => {
+                self.stats.hits += 1;
+                Verdict::Hit(Ticket {
+                    key: key.clone(),
+                    generation: entry.generation(),
+                    table: self.id,
+                })
+            }
+            Phase::Resolved { found: false } => {
+                self.stats.misses += 1;
+                Verdict::Miss
+            }
+        }
+    }
+
+    /// A fresh state for a key looked up for the first time, batched under
+    /// `request`'s group. Kept out of line so the known-key path of
+    /// [`lookup`](Self::lookup) stays small enough to inline.
+    #[inline(never)]
+    fn insert_new(&mut self, key: &K, request: &R, slot: u32) -> Entry {
+        let generation = Generation(self.next_generation);
+        self.next_generation += 1;
+        let entry = Entry::new(generation, slot);
+        self.states.insert(key.clone(), entry);
+        let record = &mut self.slots[slot as usize];
+        record.keys.push(key.clone());
+        record.cursor = record.keys.len();
+        let index = if record.batch_epoch == self.batch_epoch {
+            record.batch_index
+        } else {
+            let id = request.id();
+            let index = match self.batch_groups.get(id) {
+                Some(&index) => index,
+                None => {
+                    self.batch.push(Group::new(self.id, request.clone()));
+                    self.batch_groups.insert(id.clone(), self.batch.len() - 1);
+                    self.batch.len() - 1
+                }
+            };
+            let record = &mut self.slots[slot as usize];
+            record.batch_index = index;
+            record.batch_epoch = self.batch_epoch;
+            index
+        };
+        let group = &mut self.batch[index];
+        group.keys.push(key.clone());
+        group.generations.push(generation);
+        entry
+    }
+
+    /// The slot of live request `id`, taking a free one for a new request.
+    #[inline]
+    fn slot_for(&mut self, id: &R::Id) -> u32 {
+        if let Some(slot) = self.slots.get(self.last_slot as usize)
+            && slot.id.as_ref() == Some(id)
+        {
+            return self.last_slot;
+        }
+        self.slot_for_other(id)
+    }
+
+    #[inline(never)]
+    fn slot_for_other(&mut self, id: &R::Id) -> u32 {
+        let slot = match self.slot_of.get(id) {
+            Some(&slot) => slot,
+            None => {
+                let slot = match self.free_slots.pop() {
+                    Some(slot) => {
+                        self.slots[slot as usize].id = Some(id.clone());
+                        slot
+                    }
+                    None => {
+                        // u32::MAX is NONE: 4 billion live requests at once
+                        // is not a scheduler this table serves.
+                        assert!(self.slots.len() < NONE as usize, "too many live requests");
+                        self.slots.push(Slot {
+                            id: Some(id.clone()),
+                            keys: Vec::new(),
+                            cursor: 0,
+                            batch_index: 0,
+                            batch_epoch: NO_EPOCH,
+                        });
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.slot_of.insert(id.clone(), slot);
+                slot
+            }
+        };
+        self.last_slot = slot;
+        slot
+    }
+
+    /// Ends the step: takes the keys looked up for the first time since the
+    /// last call, grouped by request, and marks them in flight.
+    ///
+    /// Entries whose state was cleaned up (or cleaned up and created anew)
+    /// since their lookup are left out; `None` when nothing is left, so an
+    /// empty submission never reaches the worker.
+    pub fn take_submission(&mut self) -> Option<Submission<K, R>> {
+        self.batch_groups.clear();
+        // guard: L9-batch-cache-epoch
+        self.batch_epoch += 1;
+        let mut groups = mem::take(&mut self.batch);
+        // Every state created since the last flush is batched once, and
+        // moving the watermark puts all of them in flight at once; only the
+        // ones cleanup removed meanwhile have to be picked out.
+        // guard: L9-flush-moves-the-watermark
+        self.flushed_below = self.next_generation;
+        if !self.dropped_pending.is_empty() {
+            let dropped = &self.dropped_pending;
+            groups.retain_mut(|group| {
+                let mut kept = 0;
+                for i in 0..group.keys.len() {
+                    // guard: L1-batch-generation
+                    if dropped.contains(&group.generations[i].0) {
+                        continue; // cleaned up before the flush
+                    }
+                    group.keys.swap(kept, i);
+                    group.generations.swap(kept, i);
+                    kept += 1;
+                }
+                group.keys.truncate(kept);
+                group.generations.truncate(kept);
+                kept > 0
+            });
+            self.dropped_pending.clear();
+        }
+        if groups.is_empty() {
+            return None;
+        }
+        for (seq, group) in (self.stats.groups_submitted..).zip(&mut groups) {
+            group.seq = seq;
+        }
+        self.stats.groups_submitted += groups.len() as u64;
+        self.stats.keys_submitted += groups.iter().map(|g| g.len() as u64).sum::<u64>();
+        Some(Submission { groups })
+    }
+
+    /// Applies one group's answers.
+    ///
+    /// An answer whose key is gone, or whose generation is not the state's, is
+    /// stale and dropped. An answer for a state nobody waits for any more (an
+    /// orphan: every requester was cleaned up in flight) removes the state.
+    /// Otherwise the state becomes resolved. A result of another table's
+    /// group is refused whole (counted in [`LookupStats::foreign`]).
+    pub fn apply(&mut self, result: GroupResult<K>) {
+        // guard: L10-apply-checks-the-table
+        if result.table != self.id {
+            // L10: generations are only comparable within one table.
+            self.stats.foreign += 1;
+            tracing::error!(
+                seq = result.seq,
+                "a group result of another lookup table was applied; dropped"
+            );
+            return;
+        }
+        self.stats.groups_applied += 1;
+        match result.outcome {
+            GroupOutcome::Answered => {}
+            GroupOutcome::Short { .. } => self.stats.short_results += 1,
+            GroupOutcome::Surplus => self.stats.surplus_results += 1,
+            GroupOutcome::BackendError => self.stats.backend_errors += 1,
+            GroupOutcome::BackendPanic { .. } => self.stats.backend_panics += 1,
+            GroupOutcome::TimedOut => self.stats.timeouts += 1,
+            GroupOutcome::Cancelled => self.stats.cancelled += 1,
+        }
+        if let Some(log) = &mut self.applied_log {
+            log.push((result.seq, result.outcome));
+        }
+        let entries = result
+            .keys
+            .into_iter()
+            .zip(result.generations)
+            .zip(result.found);
+        for ((key, generation), found) in entries {
+            let MapEntry::Occupied(mut slot) = self.states.entry(key) else {
+                self.stats.stale_results += 1;
+                continue;
+            };
+            let state = slot.get_mut();
+            // guard: L2-apply-generation
+            if state.generation() != generation {
+                // L3: a late answer for an older incarnation of the key.
+                self.stats.stale_results += 1;
+                continue;
+            }
+            let phase = state.phase(self.flushed_below);
+            // guard: L5-apply-in-flight-only
+            if phase != Phase::InFlight {
+                // A generation is submitted once and answered once, and
+                // nothing but this method leaves InFlight: unreachable unless
+                // a result is applied twice.
+                self.stats.anomalies += 1;
+                tracing::error!(
+                    ?generation,
+                    ?phase,
+                    "result for a state that is not in flight"
+                );
+                continue;
+            }
+            // guard: L3-orphan-removal
+            if !state.has_requesters() {
+                slot.remove();
+                self.stats.orphans_dropped += 1;
+                continue;
+            }
+            state.resolve(found);
+        }
+    }
+
+    /// Turns the hit recorded by `ticket` into a miss, after its load failed.
+    ///
+    /// Only the exact generation that resolved as a hit is touched: if the key
+    /// was cleaned up and looked up again since, the ticket is stale and this
+    /// is a no-op, so a late failure cannot corrupt a newer lookup. Returns
+    /// whether the verdict changed. A ticket from another table is refused
+    /// (counted in [`LookupStats::foreign`]).
+    pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> bool {
+        // guard: L10-mark-miss-checks-the-table
+        if ticket.table != self.id {
+            // L10: another table's generation 3 is not this table's.
+            self.stats.foreign += 1;
+            return false;
+        }
+        match self.states.get_mut(&ticket.key) {
+            Some(state)
+                // guard: L4-ticket-generation
+                if state.generation() == ticket.generation
+                    && state.phase(self.flushed_below) == (Phase::Resolved { found: true }) =>
+            {
+                state.resolve(false);
+                self.stats.marked_miss += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Turns resolved hits of `keys` into misses, for callers that only kept
+    /// keys. Pending and in-flight states are never touched (their answer is
+    /// still to come, for a newer lookup than the failed load). Returns how
+    /// many verdicts changed.
+    pub fn mark_miss_keys<'k>(&mut self, keys: impl IntoIterator<Item = &'k K>) -> usize
+    where
+        K: 'k,
+    {
+        let mut changed = 0;
+        for key in keys {
+            // guard: L4-keys-resolved-only
+            if let Some(state) = self.states.get_mut(key)
+                && state.phase(self.flushed_below) == (Phase::Resolved { found: true })
+            {
+                state.resolve(false);
+                changed += 1;
+            }
+        }
+        self.stats.marked_miss += changed as u64;
+        changed
+    }
+
+    /// Forgets request `id`: it no longer holds any key.
+    ///
+    /// A key left without requesters is removed, unless its probe is in
+    /// flight: that state stays (an orphan) so a later request for the same
+    /// key shares the probe instead of submitting a second one; if nobody
+    /// joins, its answer removes it. Unknown ids are a no-op.
+    pub fn cleanup(&mut self, id: &R::Id) {
+        let Some(slot) = self.slot_of.remove(id) else {
+            return;
+        };
+        let record = &mut self.slots[slot as usize];
+        record.id = None;
+        record.cursor = 0;
+        record.batch_epoch = NO_EPOCH;
+        let mut keys = mem::take(&mut record.keys);
+        for key in keys.drain(..) {
+            let MapEntry::Occupied(mut occupied) = self.states.entry(key) else {
+                continue;
+            };
+            let state = occupied.get_mut();
+            self.overflow.remove(state, slot);
+            if state.has_requesters() {
+                continue;
+            }
+            match state.phase(self.flushed_below) {
+                // guard: L3-inflight-retention
+                Phase::InFlight => {} // kept as an orphan
+                Phase::Pending => {
+                    self.dropped_pending.insert(state.generation().0);
+                    occupied.remove();
+                }
+                Phase::Resolved { .. } => {
+                    occupied.remove();
+                }
+            }
+        }
+        // A free slot keeps its key list's allocation for the next request,
+        // but only while free slots are not many more than live ones.
+        if keys.capacity() <= REUSE_KEYS
+            && self.free_slots.len() <= self.slot_of.len() + SPARE_SLOTS
+        {
+            self.slots[slot as usize].keys = keys;
+        }
+        self.free_slots.push(slot);
+        self.shrink_if_sparse();
+    }
+
+    /// Gives memory back after large cleanups, amortised. The maps shrink to
+    /// twice their contents once at most an eighth of their capacity is
+    /// used (not sooner: a map that breathes with the steps is not resized
+    /// back and forth): each shrink costs what the cleanups since the last
+    /// one removed.
+    /// The slots are compacted (trailing free slots dropped, the other free
+    /// slots' key lists released) once at most a quarter of them is live and
+    /// the live count has halved since the last compaction, or dropped to
+    /// zero: a few compactions per wave of requests, however large.
+    fn shrink_if_sparse(&mut self) {
+        shrink_map(&mut self.states);
+        shrink_map(&mut self.slot_of);
+        let live = self.slot_of.len();
+        self.compact_below = self.compact_below.max(live / 2);
+        let sparse = self.slots.len() > SPARE_SLOTS && live * 4 < self.slots.len();
+        if !sparse || (live >= self.compact_below && live > 0) {
+            return;
+        }
+        while self.slots.last().is_some_and(|slot| slot.id.is_none()) {
+            self.slots.pop();
+        }
+        self.slots.shrink_to_fit();
+        self.free_slots.clear();
+        // Lowest first out, so the slots at the end stay free and go at the
+        // next compaction.
+        for (index, slot) in self.slots.iter_mut().enumerate().rev() {
+            if slot.id.is_none() {
+                slot.keys = Vec::new();
+                self.free_slots.push(index as u32);
+            }
+        }
+        self.free_slots.shrink_to_fit();
+        self.batch_groups.shrink_to(self.batch_groups.len());
+        self.compact_below = live / 2;
+    }
+
+    /// Starts (or stops) recording which groups are applied, in order, with
+    /// their outcomes; [`take_applied`](Self::take_applied) hands the record
+    /// over. Off by default. For checkers and debugging: with groups
+    /// answered concurrently the record is the only way to know the order in
+    /// which answers reached the table. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn record_applied(&mut self, on: bool) {
+        self.applied_log = on.then(Vec::new);
+    }
+
+    /// `(seq, outcome)` of every group applied since recording started or
+    /// since the last call, in application order (empty when not recording).
+    /// Not part of the stable API.
+    #[doc(hidden)]
+    pub fn take_applied(&mut self) -> Vec<(u64, GroupOutcome)> {
+        self.applied_log.as_mut().map(mem::take).unwrap_or_default()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> LookupStats {
+        self.stats
+    }
+
+    /// The state of `key`, if the table tracks it. For checkers, tools and
+    /// debugging; not part of the stable API.
+    #[doc(hidden)]
+    pub fn key_state(&self, key: &K) -> Option<KeyState> {
+        self.states.get(key).map(|&state| KeyState {
+            generation: state.generation(),
+            phase: state.phase(self.flushed_below),
+            requesters: self.overflow.count(state),
+        })
+    }
+
+    /// Number of keys tracked (including orphaned in-flight probes).
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Number of live requests (looked up at least one key, not cleaned up).
+    pub fn request_count(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    /// True when the table tracks no key and no request: the state after every
+    /// request was cleaned up and every submitted group's result applied.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty() && self.slot_of.is_empty()
+    }
+
+    /// Checks the table's structural invariants (reverse index and
+    /// requester lists agree, no state is left without requesters unless its
+    /// probe is in flight). For tests and models; not part of the stable
+    /// API.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.check_structure().map_err(InvariantViolation)
+    }
+}
