@@ -200,8 +200,8 @@ MUTATIONS = [
     Mutation(
         "L8-shutdown-finishes-queued-work",
         "the worker exits at shutdown without serving queued submissions",
-        [("                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }\n                if queue.closing {\n                    return;\n                }",
-          "                if queue.closing {\n                    return;\n                }\n                if let Some(submission) = queue.submissions.pop_front() {\n                    break submission;\n                }")],
+        [("        if let Some(job) = queue.pop() {\n            return Some(job);\n        }\n        if queue.closing() {\n            return None;\n        }",
+          "        if queue.closing() {\n            return None;\n        }\n        if let Some(job) = queue.pop() {\n            return Some(job);\n        }")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "shutdown_with_work_queued"],
         LOOM,
     ),
@@ -262,7 +262,8 @@ MUTATIONS = [
     Mutation(
         "S2-failed-wait-closes-task",
         "a task whose wait panicked is never closed, so its requests are never reported",
-        [("                self.ledger.close_task(id, how, Ended::Panicked)", "                false")],
+        [("        self.unlink(task, &members);\n",
+          "        if !matches!(ended, Ended::Panicked) {\n            self.unlink(task, &members);\n        }\n")],
         TEST + ["--test", "save", "failed_timed_out_and_panicking"],
     ),
     Mutation(
@@ -288,8 +289,13 @@ MUTATIONS = [
     Mutation(
         "S4-task-kept-until-waited",
         "submit drops the task at once, releasing its handle while the save runs",
-        [("        self.tasks.insert(\n            id,\n            Running {\n                task,\n                check_panicked: false,\n            },\n        );",
-          "        drop(task);")],
+        [("        self.ledger.open_task(requests, task)\n",
+          "        let id = self.ledger.open_task(requests, task);\n"
+          "        self.ledger.close_task(id, Closed::Reaped, |task| {\n"
+          "            drop(task);\n"
+          "            Ended::Returned(Ok(()))\n"
+          "        });\n"
+          "        id\n")],
         TEST + ["--test", "save", "completion_tasks_are_completed"],
     ),
     Mutation(
@@ -424,6 +430,12 @@ MUTATIONS = [
         dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
     ),
     Mutation(
+        "F9-a-failed-head-fails-the-group",
+        "a failed head makes only its key a miss and the group counts as answered (an outage never reaches the lookup's stats)",
+        [("                    return Err(error);\n", "                    drop(error);\n")],
+        TEST + ["-p", "kvtier", "--test", "object_tier", "a_failing_store_shows_in_the_lookup_stats"],
+    ),
+    Mutation(
         "F1-atomic-publish",
         "a save writes the block under its final name instead of renaming a finished temporary file",
         [("    let (mut file, tmp) = create_temp(path, &name)?;",
@@ -493,8 +505,8 @@ MUTATIONS = [
     Mutation(
         "S9-poll-never-waits",
         "a poll waits for a task whose check panicked",
-        [("                    let message = take_panic(payload);",
-          "                    let message = take_panic(payload);\n                    done.push(id);")],
+        [("                Check::Panicked(message) => {\n",
+          "                Check::Panicked(message) => {\n                    done.push(id);\n")],
         TEST + ["-p", "kvtier", "--test", "save", "a_panicking_check_never"],
     ),
 ]

@@ -48,6 +48,7 @@ pub mod save;
 mod sync;
 #[cfg(tiers)]
 pub mod tier;
+mod worker;
 
 pub use lookup::{Lookup, LookupError, Request, Ticket, Verdict};
 pub use save::{SaveScheduler, SaveStep, SaveTracker, StoreTask, TaskId};

@@ -57,7 +57,7 @@ fn blocks_are_laid_out_by_namespace_and_key_prefix_and_round_trip() {
         (0, 1),
         "save ids count up per tier"
     );
-    assert_eq!(first.path(), tier.path_of(&key));
+    assert_eq!(first.location(), &tier.path_of(&key));
     first.wait().unwrap();
     second.wait().unwrap();
     assert!(tier.contains(&key).unwrap());

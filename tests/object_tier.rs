@@ -246,8 +246,7 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
 
         server.stop();
 
-        // Blocks that are stored but can no longer be reached: misses, each
-        // either a counted request error or a counted timeout.
+        // Blocks that are stored but can no longer be reached: misses.
         let after = "after".to_string();
         for key in 100u64..104 {
             lookup.lookup(&key, &after);
@@ -257,12 +256,14 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         for key in 100u64..104 {
             assert!(lookup.lookup(&key, &after).is_miss(), "key {key}");
         }
-        let errors = tier.stats().lookup_errors;
-        let timeouts = lookup.stats().timeouts;
+        // One group: it failed (its first failed head fails it) or timed out.
+        let stats = lookup.stats();
         assert!(
-            errors == 4 || timeouts == 1,
-            "errors {errors}, timeouts {timeouts}"
+            (stats.backend_errors, stats.timeouts) == (1, 0)
+                || (stats.backend_errors, stats.timeouts) == (0, 1),
+            "{stats:?}"
         );
+        assert!(stats.timeouts == 1 || tier.stats().lookup_errors >= 1);
 
         // A save during the outage fails; the request is still reported, so
         // its blocks are freed rather than held forever.
@@ -385,6 +386,37 @@ fn a_tier_bounds_its_requests_in_flight_over_all_groups() {
             (2..=8).contains(&most),
             "{most} requests in flight at once; the tier allows 8"
         );
+        lookup.shutdown().unwrap();
+    });
+}
+
+/// A head that fails with anything but "not found" fails its group, as an
+/// I/O error does on the fs tier: the outage shows in the lookup's own
+/// counters, not only in the tier's.
+#[test]
+fn a_failing_store_shows_in_the_lookup_stats_as_backend_errors() {
+    use common::fake_s3::{FakeS3, Script};
+    watchdog(|| {
+        // 403 is not retried, so every head fails at once.
+        let server = FakeS3::start(Script {
+            status: 403,
+            delay: Duration::ZERO,
+        });
+        let tier = ObjectTier::s3(&loopback_options(&server.endpoint), "ns").unwrap();
+        let config = TokioConfig::default().group_timeout(Some(Duration::from_secs(60)));
+        let mut lookup = TokioLookup::tokio(tier.clone(), config).unwrap();
+        let request = "r".to_string();
+        for key in 0..4u64 {
+            lookup.lookup(&key, &request);
+        }
+        lookup.flush().unwrap();
+        lookup.wait_idle().unwrap();
+        for key in 0..4u64 {
+            assert!(lookup.lookup(&key, &request).is_miss(), "{key}");
+        }
+        let stats = lookup.stats();
+        assert_eq!((stats.backend_errors, stats.timeouts), (1, 0));
+        assert!(tier.stats().lookup_errors >= 1);
         lookup.shutdown().unwrap();
     });
 }

@@ -11,6 +11,7 @@ use super::submission::Submission;
 use super::types::Request;
 use crate::fault::take_panic;
 use crate::sync::{Arc, Condvar, Mutex, thread};
+use crate::worker::{Jobs, next_job};
 
 /// The scheduler → worker side, guarded by one mutex.
 struct Queue<K, R> {
@@ -22,6 +23,18 @@ struct Queue<K, R> {
     closing: bool,
     /// Set when the worker exits, normally or not.
     exited: Option<String>,
+}
+
+impl<K, R> Jobs for Queue<K, R> {
+    type Job = Submission<K, R>;
+
+    fn pop(&mut self) -> Option<Submission<K, R>> {
+        self.submissions.pop_front()
+    }
+
+    fn closing(&self) -> bool {
+        self.closing
+    }
 }
 
 struct Shared<K, R> {
@@ -184,20 +197,7 @@ where
     B: Backend<K, R>,
 {
     let _exit = ExitGuard(shared);
-    loop {
-        let submission = {
-            let mut queue = shared.queue.lock();
-            loop {
-                // guard: L8-shutdown-finishes-queued-work
-                if let Some(submission) = queue.submissions.pop_front() {
-                    break submission;
-                }
-                if queue.closing {
-                    return;
-                }
-                queue = shared.work_ready.wait(queue);
-            }
-        };
+    while let Some(submission) = next_job(&shared.queue, &shared.work_ready) {
         // guard: L7-per-group-publication
         for group in submission.into_groups() {
             // Each group is visible to the scheduler as soon as it

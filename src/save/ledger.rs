@@ -1,4 +1,5 @@
-//! The sans-IO bookkeeping of one worker's saves.
+//! The sans-IO bookkeeping of one worker's saves: the one owner of every
+//! running task, of the requests each reads, and of the counters.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -14,9 +15,9 @@ const DEDUPE_BY_SCAN: usize = 16;
 
 /// How a task ended, as far as the counters care.
 #[derive(Debug)]
-pub(crate) enum Ended<'e> {
+pub(crate) enum Ended {
     /// `wait` returned this.
-    Returned(&'e Result<(), TaskError>),
+    Returned(Result<(), TaskError>),
     /// `wait` panicked (the task value was dropped while unwinding).
     Panicked,
 }
@@ -30,27 +31,55 @@ pub(crate) enum Closed {
     Waited,
 }
 
-/// Which requests delay their free, which tasks read whose blocks, which
-/// finished requests wait for tasks. Pure bookkeeping: it never touches a
-/// task, so the tracker decides what to check and wait, and this decides
-/// what may be reported.
+/// What a non-blocking check of a running task found.
+pub(crate) enum Check {
+    /// Not complete yet.
+    Running,
+    /// Complete: waiting for it will not block.
+    Complete,
+    /// The check panicked, with this message: nothing says whether the I/O
+    /// is over.
+    Panicked(String),
+}
+
+/// A running task: the value that holds its handle, and the requests whose
+/// blocks it reads.
 #[derive(Debug)]
-pub(crate) struct SaveLedger<R> {
+struct Open<R, T> {
+    task: T,
+    members: Vec<R>,
+    /// Its check panicked once (counted and logged then, not again).
+    check_panicked: bool,
+}
+
+/// Which requests delay their free, which tasks read whose blocks, which
+/// finished requests wait for tasks. Pure bookkeeping over task values of
+/// any type `T`: it never calls a task itself, so the tracker decides how
+/// to check and wait one (the I/O), and this decides what may be reported.
+#[derive(Debug)]
+pub(crate) struct SaveLedger<R, T> {
     next_task: u64,
     /// Recorded requests not reported yet, with whether they have finished.
     recorded: HashMap<R, bool>,
     /// Finished recorded requests not reported yet, in the order they
     /// finished (so reports come out in a deterministic order).
     finishing: Vec<R>,
-    /// Running tasks and the requests whose blocks each reads.
-    tasks: BTreeMap<TaskId, Vec<R>>,
+    /// Running tasks, each with the requests whose blocks it reads.
+    tasks: BTreeMap<TaskId, Open<R, T>>,
     /// The reverse of `tasks`: every id with at least one running task,
     /// recorded or not (the preemption fence covers both).
     by_request: HashMap<R, Vec<TaskId>>,
     stats: SaveStats,
 }
 
-impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
+impl<R, T> SaveLedger<R, T> {
+    /// How many tasks are running.
+    pub(crate) fn running_count(&self) -> usize {
+        self.tasks.len()
+    }
+}
+
+impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     pub(crate) fn new() -> Self {
         Self {
             next_task: 0,
@@ -80,8 +109,9 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         }
     }
 
-    /// Opens a task reading the blocks of `requests` (duplicates ignored).
-    pub(crate) fn open_task(&mut self, requests: &[R]) -> TaskId {
+    /// Opens `task`, reading the blocks of `requests` (duplicates ignored);
+    /// the ledger holds it until it is closed.
+    pub(crate) fn open_task(&mut self, requests: &[R], task_value: T) -> TaskId {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.stats.tasks_submitted += 1;
@@ -110,7 +140,14 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
                 .push(task);
             members.push(request.clone());
         }
-        self.tasks.insert(task, members);
+        self.tasks.insert(
+            task,
+            Open {
+                task: task_value,
+                members,
+                check_panicked: false,
+            },
+        );
         task
     }
 
@@ -120,20 +157,53 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         self.stats.submit_failures += 1;
     }
 
-    /// Removes a task that no longer reads anything. Returns false for a task
-    /// that is not running (a tracker bug; the tracker asserts it).
-    pub(crate) fn close_task(&mut self, task: TaskId, how: Closed, ended: Ended<'_>) -> bool {
-        let Some(members) = self.tasks.remove(&task) else {
-            return false;
-        };
-        for request in &members {
-            if let Some(running) = self.by_request.get_mut(request) {
-                running.retain(|t| *t != task);
-                if running.is_empty() {
-                    self.by_request.remove(request);
+    /// Checks every running task with `check`, in ascending id order, and
+    /// appends the complete ones to `done`. A task whose check panicked
+    /// stays running (a poll never waits): it is checked again later and
+    /// waited by the next fence or `wait_all`; its panic is counted and
+    /// logged once.
+    pub(crate) fn check_running(
+        &mut self,
+        mut check: impl FnMut(&T) -> Check,
+        done: &mut Vec<TaskId>,
+    ) {
+        for (&id, open) in &mut self.tasks {
+            match check(&open.task) {
+                Check::Running => {}
+                Check::Complete => done.push(id),
+                // guard: S9-poll-never-waits
+                Check::Panicked(message) => {
+                    if !open.check_panicked {
+                        open.check_panicked = true;
+                        self.stats.task_panics += 1;
+                        tracing::error!(task = %id, panic = %message, "a save task's check panicked; it stays running until a check succeeds or a fence or wait_all waits for it");
+                    }
                 }
             }
         }
+    }
+
+    /// Closes a running task: hands its value to `wait` (which consumes it,
+    /// releasing its handle, and says how it ended), then removes the task
+    /// from every request it read. Returns false for a task that is not
+    /// running.
+    pub(crate) fn close_task(
+        &mut self,
+        task: TaskId,
+        how: Closed,
+        wait: impl FnOnce(T) -> Ended,
+    ) -> bool {
+        let Some(Open {
+            task: value,
+            members,
+            ..
+        }) = self.tasks.remove(&task)
+        else {
+            return false;
+        };
+        let ended = wait(value);
+        // guard: S2-failed-wait-closes-task
+        self.unlink(task, &members);
         match how {
             Closed::Reaped => self.stats.tasks_reaped += 1,
             Closed::Waited => self.stats.tasks_waited += 1,
@@ -148,10 +218,16 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         true
     }
 
-    /// Counts a panic caught in a task's `check` (one in `wait` is counted
-    /// by [`close_task`](Self::close_task)).
-    pub(crate) fn check_panicked(&mut self) {
-        self.stats.task_panics += 1;
+    /// Removes `task` from the reverse index of each of its `members`.
+    fn unlink(&mut self, task: TaskId, members: &[R]) {
+        for request in members {
+            if let Some(running) = self.by_request.get_mut(request) {
+                running.retain(|t| *t != task);
+                if running.is_empty() {
+                    self.by_request.remove(request);
+                }
+            }
+        }
     }
 
     /// Counts a preemption fence.
@@ -208,10 +284,6 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         self.tasks.keys().copied()
     }
 
-    pub(crate) fn running_count(&self) -> usize {
-        self.tasks.len()
-    }
-
     /// Takes the finished requests none of whose tasks is running (S1), in
     /// the order they finished; each leaves the ledger, so it is reported
     /// once (S2).
@@ -233,9 +305,17 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
         reportable
     }
 
-    /// Counts finished requests a call could not report yet.
-    pub(crate) fn defer(&mut self, count: usize) {
-        self.stats.deferred += count as u64;
+    /// Reports what [`take_reportable`](Self::take_reportable) gives, and
+    /// counts how many of `started` (the requests that started finishing
+    /// in this call) must still wait for a task.
+    pub(crate) fn report(&mut self, started: &[R]) -> Vec<R> {
+        let reported = self.take_reportable();
+        let left = started
+            .iter()
+            .filter(|request| self.is_finishing(request))
+            .count();
+        self.stats.deferred += left as u64;
+        reported
     }
 
     /// Whether `request` is recorded and not reported yet.
@@ -258,8 +338,8 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
 
     /// Checks the ledger's internal consistency; for tests and models.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        for (task, members) in &self.tasks {
-            for request in members {
+        for (task, open) in &self.tasks {
+            for request in &open.members {
                 let listed = self
                     .by_request
                     .get(request)
@@ -276,7 +356,11 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
                 return Err(format!("{request:?} has an empty task list"));
             }
             for task in tasks {
-                if !self.tasks.get(task).is_some_and(|m| m.contains(request)) {
+                if !self
+                    .tasks
+                    .get(task)
+                    .is_some_and(|open| open.members.contains(request))
+                {
                     return Err(format!("{request:?} lists {task}, which does not read it"));
                 }
             }
@@ -301,20 +385,20 @@ impl<R: Eq + Hash + Clone + Debug> SaveLedger<R> {
 mod tests {
     use super::*;
 
-    fn ledger_with_task() -> (SaveLedger<u64>, TaskId) {
+    fn ledger_with_task() -> (SaveLedger<u64, ()>, TaskId) {
         let mut ledger = SaveLedger::new();
         ledger.begin_step(&[1, 2]);
-        let task = ledger.open_task(&[1, 2, 1]);
+        let task = ledger.open_task(&[1, 2, 1], ());
         (ledger, task)
     }
 
     #[test]
     fn a_task_lists_each_request_once_and_closes_once() {
         let (mut ledger, task) = ledger_with_task();
-        assert_eq!(ledger.tasks[&task], vec![1, 2]);
+        assert_eq!(ledger.tasks[&task].members, vec![1, 2]);
         assert_eq!(ledger.tasks_of(&[2]), vec![task]);
-        assert!(ledger.close_task(task, Closed::Reaped, Ended::Returned(&Ok(()))));
-        assert!(!ledger.close_task(task, Closed::Reaped, Ended::Returned(&Ok(()))));
+        assert!(ledger.close_task(task, Closed::Reaped, |()| Ended::Returned(Ok(()))));
+        assert!(!ledger.close_task(task, Closed::Reaped, |()| Ended::Returned(Ok(()))));
         assert!(ledger.tasks_of(&[1, 2]).is_empty());
         assert_eq!(ledger.stats().tasks_reaped, 1);
         ledger.check_invariants().unwrap();
@@ -324,9 +408,9 @@ mod tests {
     fn tasks_of_is_ascending_and_deduplicated() {
         let mut ledger = SaveLedger::new();
         ledger.begin_step(&[1, 2]);
-        let a = ledger.open_task(&[2]);
-        let b = ledger.open_task(&[1, 2]);
-        let c = ledger.open_task(&[1]);
+        let a = ledger.open_task(&[2], ());
+        let b = ledger.open_task(&[1, 2], ());
+        let c = ledger.open_task(&[1], ());
         assert_eq!(ledger.tasks_of(&[1, 2]), vec![a, b, c]);
         assert_eq!(ledger.tasks_of(&[1]), vec![b, c]);
         assert_eq!(ledger.running().collect::<Vec<_>>(), vec![a, b, c]);
@@ -343,7 +427,12 @@ mod tests {
     #[test]
     fn check_invariants_finds_a_reverse_entry_without_its_task() {
         let (mut ledger, task) = ledger_with_task();
-        ledger.tasks.get_mut(&task).unwrap().retain(|r| *r != 1);
+        ledger
+            .tasks
+            .get_mut(&task)
+            .unwrap()
+            .members
+            .retain(|r| *r != 1);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("does not read it"), "{why}");
     }
@@ -373,20 +462,18 @@ mod tests {
 
     #[test]
     fn every_ending_is_counted_under_its_own_counter() {
-        let mut ledger: SaveLedger<u64> = SaveLedger::new();
+        let mut ledger: SaveLedger<u64, Ended> = SaveLedger::new();
         let endings = [
-            Ended::Returned(&Ok(())),
-            Ended::Returned(&Err(TaskError::TimedOut)),
-            Ended::Returned(&Err(TaskError::Abandoned)),
+            Ended::Returned(Ok(())),
+            Ended::Returned(Err(TaskError::TimedOut)),
+            Ended::Returned(Err(TaskError::Abandoned)),
             Ended::Panicked,
+            Ended::Returned(Err(TaskError::failed("x"))),
         ];
         for ended in endings {
-            let task = ledger.open_task(&[]);
-            assert!(ledger.close_task(task, Closed::Waited, ended));
+            let task = ledger.open_task(&[], ended);
+            assert!(ledger.close_task(task, Closed::Waited, |ended| ended));
         }
-        let failed = Err(TaskError::failed("x"));
-        let task = ledger.open_task(&[]);
-        ledger.close_task(task, Closed::Waited, Ended::Returned(&failed));
         let stats = ledger.stats();
         assert_eq!(
             (

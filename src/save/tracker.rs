@@ -1,12 +1,12 @@
-//! The worker-side tracker: a [`SaveLedger`] plus the tasks it accounts for.
+//! The worker-side tracker: a [`SaveLedger`] and the one thing it does not
+//! do itself, calling the tasks it holds (their `check` and `wait`).
 
-use std::collections::BTreeMap;
 use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::mem;
 use std::panic::{self, AssertUnwindSafe};
 
-use super::ledger::{Closed, Ended, SaveLedger};
+use super::ledger::{Check, Closed, Ended, SaveLedger};
 use super::scheduler::SaveStep;
 use super::stats::SaveStats;
 use super::task::{StoreTask, TaskId};
@@ -74,10 +74,10 @@ pub enum CompletionMode {
 /// assert_eq!(worker.get_finished(&[7, 8]), vec![7]);
 /// ```
 pub struct SaveTracker<R, T> {
-    ledger: SaveLedger<R>,
-    /// Ordered, so `poll` checks tasks in id order: deterministic, which
-    /// the model checkers need (they replay schedules), and no sort.
-    tasks: BTreeMap<TaskId, Running<T>>,
+    /// Every running task and what it reads. Ordered by id, so `poll`
+    /// checks tasks in id order: deterministic, which the model checkers
+    /// need (they replay schedules), and no sort.
+    ledger: SaveLedger<R, T>,
     mode: CompletionMode,
     /// `poll`'s list of tasks to close, kept for its allocation.
     done: Vec<TaskId>,
@@ -107,7 +107,6 @@ where
     pub fn with_mode(mode: CompletionMode) -> Self {
         Self {
             ledger: SaveLedger::new(),
-            tasks: BTreeMap::new(),
             mode,
             done: Vec::new(),
         }
@@ -129,16 +128,8 @@ where
     /// Never blocks; the task is reaped by a later [`poll`](Self::poll), or
     /// waited for by a fence or a blocking `get_finished`.
     pub fn submit(&mut self, task: T, requests: &[R]) -> TaskId {
-        let id = self.ledger.open_task(requests);
         // guard: S4-task-kept-until-waited
-        self.tasks.insert(
-            id,
-            Running {
-                task,
-                check_panicked: false,
-            },
-        );
-        id
+        self.ledger.open_task(requests, task)
     }
 
     /// A save for `requests` that the store refused. Nothing reads their
@@ -155,26 +146,14 @@ where
         // Checked in place (no copy of the running set), in ascending id
         // order, and closed afterwards in the same order.
         let mut done = mem::take(&mut self.done);
-        for (&id, running) in &mut self.tasks {
-            match panic::catch_unwind(AssertUnwindSafe(|| running.task.check())) {
-                Ok(false) => {}
-                Ok(true) => done.push(id),
-                Err(payload) => {
-                    // Nothing says whether the I/O is over, and a poll never
-                    // waits: the task stays running, is checked again by
-                    // later polls, and is waited by the next fence,
-                    // wait_all or blocking get_finished. Counted and logged
-                    // once per task.
-                    // guard: S9-poll-never-waits
-                    let message = take_panic(payload);
-                    if !running.check_panicked {
-                        running.check_panicked = true;
-                        self.ledger.check_panicked();
-                        tracing::error!(task = %id, panic = %message, "a save task's check panicked; it stays running until a check succeeds or a fence or wait_all waits for it");
-                    }
-                }
-            }
-        }
+        self.ledger.check_running(
+            |task| match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
+                Ok(false) => Check::Running,
+                Ok(true) => Check::Complete,
+                Err(payload) => Check::Panicked(take_panic(payload)),
+            },
+            &mut done,
+        );
         let reaped = done.len();
         for id in done.drain(..) {
             self.close(id, Closed::Reaped);
@@ -205,13 +184,7 @@ where
             }
         }
         self.poll();
-        let reported = self.ledger.take_reportable();
-        let left = started
-            .iter()
-            .filter(|request| self.ledger.is_finishing(request))
-            .count();
-        self.ledger.defer(left);
-        reported
+        self.ledger.report(&started)
     }
 
     /// The preemption fence: waits for every task that reads blocks of a
@@ -279,60 +252,35 @@ where
     }
 
     fn check_structure(&self) -> Result<(), String> {
-        self.ledger.check_invariants()?;
-        if self.tasks.len() != self.ledger.running_count() {
-            return Err(format!(
-                "{} task values held for {} running tasks",
-                self.tasks.len(),
-                self.ledger.running_count()
-            ));
-        }
-        match self
-            .ledger
-            .running()
-            .find(|id| !self.tasks.contains_key(id))
-        {
-            Some(id) => Err(format!("{id} is running but its task value is gone")),
-            None => Ok(()),
-        }
+        self.ledger.check_invariants()
     }
 
     /// Waits for (or, after a complete check, reaps) one task and closes it:
     /// the task value is consumed by `wait`, which releases its handle.
     fn close(&mut self, id: TaskId, how: Closed) {
-        let Some(Running { task, .. }) = self.tasks.remove(&id) else {
-            unreachable!("S4: {id} is running in the ledger but its task value is gone");
-        };
-        let closed = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
-            Ok(outcome) => {
-                if let Err(error) = &outcome {
-                    tracing::warn!(task = %id, %error, "a save did not complete; its requests are still reported");
+        let closed = self.ledger.close_task(id, how, |task| {
+            match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
+                Ok(outcome) => {
+                    if let Err(error) = &outcome {
+                        tracing::warn!(task = %id, %error, "a save did not complete; its requests are still reported");
+                    }
+                    Ended::Returned(outcome)
                 }
-                self.ledger.close_task(id, how, Ended::Returned(&outcome))
+                Err(payload) => {
+                    tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
+                    Ended::Panicked
+                }
             }
-            Err(payload) => {
-                tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
-                // guard: S2-failed-wait-closes-task
-                self.ledger.close_task(id, how, Ended::Panicked)
-            }
-        };
+        });
         debug_assert!(closed, "S4: {id} closed twice");
     }
 }
 
-/// A submitted task the tracker holds until it is reaped or waited.
-#[derive(Debug)]
-struct Running<T> {
-    task: T,
-    /// Its `check` panicked once (counted and logged then, not again).
-    check_panicked: bool,
-}
-
 impl<R, T> Drop for SaveTracker<R, T> {
     fn drop(&mut self) {
-        if !self.tasks.is_empty() {
+        if self.ledger.running_count() > 0 {
             tracing::warn!(
-                running = self.tasks.len(),
+                running = self.ledger.running_count(),
                 "a save tracker was dropped with running tasks; call wait_all first so no block is released while a save reads it"
             );
         }
@@ -363,35 +311,6 @@ mod tests {
         let mut tracker = SaveTracker::new();
         tracker.begin_step(&SaveScheduler::new().record_step(requests.iter().map(|r| (*r, 1))));
         tracker
-    }
-
-    #[test]
-    fn check_invariants_finds_task_values_the_ledger_does_not_account_for() {
-        let mut tracker = tracker_of(&[1]);
-        let id = tracker.submit(Ends(Ok(())), &[1]);
-        tracker.check_invariants().unwrap();
-        // A task value without a running entry in the ledger.
-        tracker.tasks.insert(
-            TaskId(99),
-            Running {
-                task: Ends(Ok(())),
-                check_panicked: false,
-            },
-        );
-        let why = tracker.check_invariants().unwrap_err();
-        assert!(
-            why.message().contains("2 task values held for 1 running"),
-            "{why}"
-        );
-        // A running entry whose task value is gone.
-        tracker.tasks.remove(&id);
-        let why = tracker.check_invariants().unwrap_err();
-        assert!(
-            why.message()
-                .contains("task#0 is running but its task value is gone"),
-            "{why}"
-        );
-        tracker.tasks.clear();
     }
 
     #[test]

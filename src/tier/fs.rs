@@ -9,8 +9,8 @@ use super::TierError;
 use super::format::{self, Corruption, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
+use super::save::{SaveTask, finish};
 use crate::lookup::Backend;
-use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
@@ -262,16 +262,13 @@ impl FsTier {
     pub fn save(&self, key: &(impl BlockKey + ?Sized), payload: Vec<u8>) -> FsSaveTask {
         let path = self.path_of(key);
         let id = self.inner.next_save.fetch_add(1, Ordering::Relaxed);
-        let (task, completer) = CompletionTask::new(());
         let inner = self.inner.clone();
         let job_path = path.clone();
+        let (task, completer) = SaveTask::start(id, path);
         self.pool.submit(Box::new(move || {
-            match write_block(&inner, &job_path, &payload) {
-                Ok(()) => completer.succeed(),
-                Err(error) => completer.fail(TaskError::Failed(Box::new(error))),
-            }
+            finish(completer, write_block(&inner, &job_path, &payload));
         }));
-        FsSaveTask { id, path, task }
+        task
     }
 
     /// Removes the temporary files of saves that never finished (a process
@@ -633,38 +630,10 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
     })
 }
 
-/// A save running on an [`FsTier`]'s I/O threads: a [`StoreTask`] for the
-/// [`SaveTracker`](crate::SaveTracker). `check` never blocks; `wait` returns
-/// once the block is published, or with the write's error (the temporary
-/// file removed, no block visible).
-#[derive(Debug)]
-pub struct FsSaveTask {
-    id: u64,
-    path: PathBuf,
-    task: CompletionTask<()>,
-}
-
-impl FsSaveTask {
-    /// This save's id: saves of one tier are numbered 0, 1, 2, ...
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The block's final path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl StoreTask for FsSaveTask {
-    fn check(&self) -> bool {
-        self.task.check()
-    }
-
-    fn wait(self) -> Result<(), TaskError> {
-        self.task.wait()
-    }
-}
+/// A save running on an [`FsTier`]'s I/O threads; its location is the
+/// block's final path. `wait` returns once the block is published, or with
+/// the write's error (the temporary file removed, no block visible).
+pub type FsSaveTask = SaveTask<PathBuf>;
 
 /// Answers a group with one `stat` per key. An I/O error other than "not
 /// found" fails the whole group (its keys become misses, and the error is

@@ -17,6 +17,7 @@ mod object;
 mod pool;
 #[cfg(object_tier)]
 mod s3;
+mod save;
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +29,7 @@ pub use key::BlockKey;
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
 pub use s3::S3Options;
+pub use save::SaveTask;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]

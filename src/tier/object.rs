@@ -10,8 +10,8 @@ use super::TierError;
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::s3::S3Options;
+use super::save::{SaveTask, finish};
 use crate::lookup::AsyncBackend;
-use crate::save::{CompletionTask, StoreTask, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::task::{Semaphore, SemaphorePermit};
@@ -22,8 +22,8 @@ use crate::sync::task::{Semaphore, SemaphorePermit};
 pub struct ObjectTierStats {
     /// `head` requests answered (found or not found).
     pub lookups: u64,
-    /// `head` requests that failed with anything but "not found"; each made
-    /// its key a miss.
+    /// `head` requests that failed with anything but "not found"; each
+    /// failed its group (every key of it a miss).
     pub lookup_errors: u64,
 }
 
@@ -32,9 +32,13 @@ pub struct ObjectTierStats {
 /// with the same checked block format as [`FsTier`](crate::FsTier).
 ///
 /// As an [`AsyncBackend`] it answers a group with concurrent `head`
-/// requests: "not found" is a miss; any other error is a miss too, logged
-/// and counted in [`stats`](Self::stats) — a tier that cannot be reached
-/// never holds up the scheduler beyond the prober's group timeout.
+/// requests: "not found" is a miss; any other error fails the group, as an
+/// I/O error does on [`FsTier`](crate::FsTier): its keys become misses, the
+/// prober logs it and counts it in
+/// [`LookupStats::backend_errors`](crate::lookup::LookupStats::backend_errors),
+/// and the failed head is counted in [`stats`](Self::stats). A tier that
+/// cannot be reached never holds up the scheduler beyond the prober's group
+/// timeout.
 ///
 /// ```
 /// use kvtier::ObjectTier;
@@ -66,6 +70,8 @@ pub struct ObjectTier {
 struct Counters {
     lookups: AtomicU64,
     lookup_errors: AtomicU64,
+    /// Saves started, for their ids.
+    saves: AtomicU64,
 }
 
 /// How many `head` requests one group keeps in flight.
@@ -249,18 +255,16 @@ impl ObjectTier {
         runtime: &tokio::runtime::Handle,
     ) -> ObjectSaveTask {
         let location = self.location_of(key);
-        let (task, completer) = CompletionTask::new(());
+        let id = self.counters.saves.fetch_add(1, Ordering::Relaxed);
         let store = self.store.clone();
         let requests = self.requests.clone();
         let job_location = location.clone();
+        let (task, completer) = SaveTask::start(id, location);
         runtime.spawn(async move {
             let _permit = requests.acquire().await.ok();
-            match put(&*store, &job_location, &payload).await {
-                Ok(()) => completer.succeed(),
-                Err(error) => completer.fail(TaskError::Failed(Box::new(error))),
-            }
+            finish(completer, put(&*store, &job_location, &payload).await);
         });
-        ObjectSaveTask { location, task }
+        task
     }
 }
 
@@ -292,30 +296,10 @@ fn store_error(op: &'static str, location: &ObjectPath, error: object_store::Err
     }
 }
 
-/// A `put` running on a tokio runtime: a [`StoreTask`] for the
-/// [`SaveTracker`](crate::SaveTracker).
-#[derive(Debug)]
-pub struct ObjectSaveTask {
-    location: ObjectPath,
-    task: CompletionTask<()>,
-}
-
-impl ObjectSaveTask {
-    /// The object being written.
-    pub fn location(&self) -> &ObjectPath {
-        &self.location
-    }
-}
-
-impl StoreTask for ObjectSaveTask {
-    fn check(&self) -> bool {
-        self.task.check()
-    }
-
-    fn wait(self) -> Result<(), TaskError> {
-        self.task.wait()
-    }
-}
+/// A `put` running on an [`ObjectTier`]; its location is the object's.
+/// If the runtime it runs on shuts down first, it ends as
+/// [`TaskError::Abandoned`](crate::save::TaskError::Abandoned).
+pub type ObjectSaveTask = SaveTask<ObjectPath>;
 
 impl<K, R> AsyncBackend<K, R> for ObjectTier
 where
@@ -339,31 +323,27 @@ where
             })
             .buffer_unordered(HEADS_IN_FLIGHT);
         let mut answers = vec![false; keys.len()];
-        let mut first_error = None;
-        let mut errors = 0u64;
+        let mut answered = 0u64;
         while let Some((i, answer)) = heads.next().await {
             match answer {
-                Ok(found) => answers[i] = found,
+                Ok(found) => {
+                    answers[i] = found;
+                    answered += 1;
+                }
+                // guard: F9-a-failed-head-fails-the-group
                 Err(error) => {
-                    errors += 1;
-                    first_error.get_or_insert(error);
+                    // As on a file system: an error other than "not found"
+                    // fails the group (its keys become misses, counted in
+                    // the lookup's backend_errors), and the heads still
+                    // running are dropped, so an outage costs one failed
+                    // request per group, not one per key.
+                    self.counters.lookups.fetch_add(answered, Ordering::Relaxed);
+                    self.counters.lookup_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(error);
                 }
             }
         }
-        self.counters
-            .lookups
-            .fetch_add(keys.len() as u64 - errors, Ordering::Relaxed);
-        if let Some(error) = first_error {
-            self.counters
-                .lookup_errors
-                .fetch_add(errors, Ordering::Relaxed);
-            tracing::warn!(
-                keys = keys.len(),
-                errors,
-                %error,
-                "object store lookups failed; those keys are misses"
-            );
-        }
+        self.counters.lookups.fetch_add(answered, Ordering::Relaxed);
         Ok(answers)
     }
 }

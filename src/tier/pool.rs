@@ -4,12 +4,25 @@ use std::collections::VecDeque;
 
 use crate::fault::{drop_payload, take_panic};
 use crate::sync::{Condvar, Mutex, thread};
+use crate::worker::{Jobs, next_job};
 
 type Job = Box<dyn FnOnce() + Send>;
 
 struct Queue {
     jobs: VecDeque<Job>,
     closing: bool,
+}
+
+impl Jobs for Queue {
+    type Job = Job;
+
+    fn pop(&mut self) -> Option<Job> {
+        self.jobs.pop_front()
+    }
+
+    fn closing(&self) -> bool {
+        self.closing
+    }
 }
 
 struct Shared {
@@ -55,19 +68,7 @@ impl IoPool {
 }
 
 fn serve(shared: &Shared) {
-    loop {
-        let job = {
-            let mut queue = shared.queue.lock();
-            loop {
-                if let Some(job) = queue.jobs.pop_front() {
-                    break job;
-                }
-                if queue.closing {
-                    return;
-                }
-                queue = shared.ready.wait(queue);
-            }
-        };
+    while let Some(job) = next_job(&shared.queue, &shared.ready) {
         // A job's completer reports a panic as an abandoned task when it is
         // dropped during the unwind; the thread keeps serving.
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {

@@ -208,12 +208,8 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     let stats = lookup.stats();
     lookup.shutdown().map_err(|error| failed(error.into()))?;
-    // Keys, not groups: an object store fails heads one by one inside
-    // groups that still count as answered.
-    let errors = match &tier {
-        Tier::Fs(_) => failed_keys,
-        Tier::S3(tier) => failed_keys + tier.stats().lookup_errors,
-    };
+    // Keys, not groups; a failed head fails its whole group on either tier.
+    let errors = failed_keys;
     let p50 = quantile(&mut latencies, 0.50);
     let p99 = quantile(&mut latencies, 0.99);
     let max = quantile(&mut latencies, 1.0);
