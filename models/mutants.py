@@ -430,6 +430,12 @@ MUTATIONS = [
         dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000"),
     ),
     Mutation(
+        "F10-debug-redacts-the-secret",
+        "S3Options' Debug prints the secret access key (into every log line that shows the options)",
+        [("&self.secret_access_key.as_ref().map(|_| \"<redacted>\"),", "&self.secret_access_key,")],
+        TEST + ["-p", "kvtier", "--lib", "debug_output_never_shows_the_secret"],
+    ),
+    Mutation(
         "F9-a-failed-head-fails-the-group",
         "a failed head makes only its key a miss and the group counts as answered (an outage never reaches the lookup's stats)",
         [("                    return Err(error);\n", "                    drop(error);\n")],

@@ -253,10 +253,7 @@ fn a_missing_root_a_file_as_root_and_bad_namespaces_are_refused() {
             "{namespace:?}: {error}"
         );
     }
-    let options = FsOptions {
-        io_threads: 0,
-        ..FsOptions::default()
-    };
+    let options = FsOptions::default().io_threads(0);
     assert!(matches!(
         FsTier::open_with(root.path(), "ns", options),
         Err(TierError::Config(_))
@@ -269,11 +266,7 @@ fn dropping_the_tier_finishes_every_queued_save() {
     let tier = FsTier::open_with(
         root.path(),
         "ns",
-        FsOptions {
-            io_threads: 1,
-            sync_data: true,
-            ..FsOptions::default()
-        },
+        FsOptions::default().io_threads(1).sync_data(true),
     )
     .unwrap();
     let tasks: Vec<_> = (0..64u64)
@@ -380,10 +373,7 @@ fn keys_name_blocks_in_lowercase_hex() {
 
 /// The test tier's namespace under `root`, opened to follow symlinks.
 fn following_links(root: &std::path::Path) -> FsTier {
-    let options = FsOptions {
-        follow_symlinks: true,
-        ..FsOptions::default()
-    };
+    let options = FsOptions::default().follow_symlinks(true);
     FsTier::open_with(root, "model-a/cfg-1/rank0", options).unwrap()
 }
 
@@ -476,23 +466,12 @@ fn a_load_is_bounded_whatever_the_block_path_holds() {
         ));
 
         assert!(
-            FsTier::open_with(
-                root.path(),
-                "x",
-                FsOptions {
-                    max_block_bytes: 0,
-                    ..FsOptions::default()
-                }
-            )
-            .is_err()
+            FsTier::open_with(root.path(), "x", FsOptions::default().max_block_bytes(0)).is_err()
         );
         let capped = FsTier::open_with(
             root.path(),
             "capped",
-            FsOptions {
-                max_block_bytes: 4,
-                ..FsOptions::default()
-            },
+            FsOptions::default().max_block_bytes(4),
         )
         .unwrap();
         assert!(matches!(

@@ -40,17 +40,14 @@ fn watchdog(test: impl FnOnce() + Send + 'static) {
 }
 
 fn s3_options(server: &S3Server, bucket: &str) -> S3Options {
-    S3Options {
-        endpoint: Some(server.endpoint.clone()),
-        allow_http: true,
-        access_key_id: Some("testing".into()),
-        secret_access_key: Some("testing".into()),
-        region: Some("us-east-1".into()),
-        request_timeout: Duration::from_secs(2),
-        connect_timeout: Duration::from_secs(1),
-        max_retries: 1,
-        ..S3Options::new(bucket)
-    }
+    S3Options::new(bucket)
+        .endpoint(server.endpoint.clone())
+        .allow_http(true)
+        .credentials("testing", "testing")
+        .region("us-east-1")
+        .request_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(1))
+        .max_retries(1)
 }
 
 /// Store, contains, load and damage detection, the same on every backend.
@@ -108,15 +105,15 @@ fn memory_and_local_file_stores_round_trip_and_catch_damage() {
 fn s3_urls_are_parsed_and_bad_ones_explained() {
     let (options, namespace) = S3Options::from_url("s3://bucket").unwrap();
     assert_eq!(
-        (options.bucket.as_str(), namespace.as_str()),
+        (options.get_bucket(), namespace.as_str()),
         ("bucket", "kvtier")
     );
-    assert!(!options.allow_http && options.endpoint.is_none());
+    assert!(!options.get_allow_http() && options.get_endpoint().is_none());
     let (options, _) =
         S3Options::from_url("s3://bkt/ns?endpoint=https://minio.local:9000&region=eu-west-1")
             .unwrap();
-    assert!(!options.allow_http);
-    assert_eq!(options.region.as_deref(), Some("eu-west-1"));
+    assert!(!options.get_allow_http());
+    assert_eq!(options.get_region(), Some("eu-west-1"));
     for (url, reason) in [
         ("not a url", "relative URL"),
         ("http://bucket/ns", "scheme"),
@@ -301,13 +298,15 @@ fn a_save_on_a_runtime_that_shuts_down_is_abandoned_not_stranded() {
 
 /// Options for a server on loopback with explicit test credentials.
 fn loopback_options(endpoint: &str) -> S3Options {
-    S3Options {
-        endpoint: Some(endpoint.to_owned()),
-        allow_http: true,
-        access_key_id: Some("testing".into()),
-        secret_access_key: Some("testing".into()),
-        ..S3Options::new("kvtier-fake")
-    }
+    loopback_options_for("kvtier-fake", endpoint)
+}
+
+/// [`loopback_options`] for another bucket.
+fn loopback_options_for(bucket: &str, endpoint: &str) -> S3Options {
+    S3Options::new(bucket)
+        .endpoint(endpoint)
+        .allow_http(true)
+        .credentials("testing", "testing")
 }
 
 #[test]
@@ -333,20 +332,17 @@ fn endpoints_that_would_panic_or_address_the_bucket_are_refused_at_construction(
             other => panic!("{endpoint:?}: expected a configuration error, got {other:?}"),
         }
     }
-    let mut options = loopback_options("http://127.0.0.1:9");
-    options.bucket = "adv_b!".into();
+    let options = loopback_options_for("adv_b!", "http://127.0.0.1:9");
     assert!(matches!(
         ObjectTier::s3(&options, "ns"),
         Err(TierError::Config(message)) if message.contains("bucket name")
     ));
-    let mut options = loopback_options("http://127.0.0.1:9");
-    options.request_timeout = Duration::MAX;
+    let options = loopback_options("http://127.0.0.1:9").request_timeout(Duration::MAX);
     assert!(
         ObjectTier::s3(&options, "ns").is_err(),
         "a timeout that would overflow"
     );
-    options.request_timeout = Duration::from_secs(1);
-    options.max_retries = u32::MAX as usize;
+    let options = loopback_options("http://127.0.0.1:9").max_retries(u32::MAX as usize);
     assert!(
         ObjectTier::s3(&options, "ns").is_err(),
         "a retry count that would wrap"

@@ -17,30 +17,29 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 /// The most I/O threads a tier starts.
 const MAX_IO_THREADS: usize = 1024;
 
-/// Settings of an [`FsTier`].
+/// Settings of an [`FsTier`]. Start from `FsOptions::default()` and change
+/// what you need; [`FsTier::open_with`] checks them (as
+/// [`validate`](Self::validate) does):
+///
+/// ```
+/// use kvtier::tier::FsOptions;
+///
+/// let options = FsOptions::default().io_threads(4).sync_data(true);
+/// assert_eq!(options.get_io_threads(), 4);
+/// assert!(options.validate().is_ok());
+/// assert!(FsOptions::default().io_threads(0).validate().is_err());
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsOptions {
-    /// Threads that run [`FsTier::save`]s (1 to 1024). Default 2.
-    pub io_threads: usize,
-    /// Whether a save flushes the block's data to stable storage before
-    /// publishing it. Default `false`: the tier is a cache, a block lost in
-    /// a power cut is recomputed, and a block damaged by one is recognised
-    /// on load by its length and checksum.
-    pub sync_data: bool,
-    /// The largest payload a block may have (1 byte to 1 TiB). A save of a
-    /// larger one is refused; a stored header promising more is refused on
-    /// load before anything is read or allocated for it. Default 256 MiB.
-    pub max_block_bytes: u64,
-    /// Whether symbolic links below the root (in the namespace, the shard
-    /// directories, at a block's name) are followed. Default `false`: a
-    /// lookup of a symlinked block is a miss, and loading or storing through
-    /// one is refused ([`TierError::NotABlock`]), so nothing below the root
-    /// can make the tier read or write outside it. The root itself may be a
-    /// link.
-    pub follow_symlinks: bool,
+    io_threads: usize,
+    sync_data: bool,
+    max_block_bytes: u64,
+    follow_symlinks: bool,
 }
 
 impl Default for FsOptions {
+    /// Two I/O threads, no data sync, blocks up to 256 MiB, symbolic links
+    /// below the root not followed.
     fn default() -> Self {
         Self {
             io_threads: 2,
@@ -48,6 +47,79 @@ impl Default for FsOptions {
             max_block_bytes: 256 << 20,
             follow_symlinks: false,
         }
+    }
+}
+
+impl FsOptions {
+    /// Threads that run [`FsTier::save`]s (1 to 1024).
+    pub fn io_threads(mut self, threads: usize) -> Self {
+        self.io_threads = threads;
+        self
+    }
+
+    /// Whether a save flushes the block's data to stable storage before
+    /// publishing it. Off by default: the tier is a cache, a block lost in
+    /// a power cut is recomputed, and a block damaged by one is recognised
+    /// on load by its length and checksum.
+    pub fn sync_data(mut self, sync: bool) -> Self {
+        self.sync_data = sync;
+        self
+    }
+
+    /// The largest payload a block may have (1 byte to 1 TiB). A save of a
+    /// larger one is refused; a stored header promising more is refused on
+    /// load before anything is read or allocated for it.
+    pub fn max_block_bytes(mut self, bytes: u64) -> Self {
+        self.max_block_bytes = bytes;
+        self
+    }
+
+    /// Whether symbolic links below the root (in the namespace, the shard
+    /// directories, at a block's name) are followed. Off by default: a
+    /// lookup of a symlinked block is a miss, and loading or storing through
+    /// one is refused ([`TierError::NotABlock`]), so nothing below the root
+    /// can make the tier read or write outside it. The root itself may be a
+    /// link.
+    pub fn follow_symlinks(mut self, follow: bool) -> Self {
+        self.follow_symlinks = follow;
+        self
+    }
+
+    /// The configured I/O threads.
+    pub fn get_io_threads(&self) -> usize {
+        self.io_threads
+    }
+
+    /// Whether saves sync their data.
+    pub fn get_sync_data(&self) -> bool {
+        self.sync_data
+    }
+
+    /// The configured largest payload.
+    pub fn get_max_block_bytes(&self) -> u64 {
+        self.max_block_bytes
+    }
+
+    /// Whether symbolic links below the root are followed.
+    pub fn get_follow_symlinks(&self) -> bool {
+        self.follow_symlinks
+    }
+
+    /// Checks every setting; the error says which is out of range and why.
+    pub fn validate(&self) -> Result<(), TierError> {
+        if !(1..=MAX_IO_THREADS).contains(&self.io_threads) {
+            return Err(TierError::Config(format!(
+                "io_threads is {}; it must be 1 to {MAX_IO_THREADS}",
+                self.io_threads
+            )));
+        }
+        if !(1..=MAX_BLOCK_LIMIT).contains(&self.max_block_bytes) {
+            return Err(TierError::Config(format!(
+                "max_block_bytes is {}; it must be 1 to {MAX_BLOCK_LIMIT}",
+                self.max_block_bytes
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -142,18 +214,7 @@ impl FsTier {
     ) -> Result<Self, TierError> {
         let root = root.as_ref().to_path_buf();
         check_namespace(namespace).map_err(TierError::Namespace)?;
-        if !(1..=MAX_IO_THREADS).contains(&options.io_threads) {
-            return Err(TierError::Config(format!(
-                "io_threads is {}; it must be 1 to {MAX_IO_THREADS}",
-                options.io_threads
-            )));
-        }
-        if !(1..=MAX_BLOCK_LIMIT).contains(&options.max_block_bytes) {
-            return Err(TierError::Config(format!(
-                "max_block_bytes is {}; it must be 1 to {MAX_BLOCK_LIMIT}",
-                options.max_block_bytes
-            )));
-        }
+        options.validate()?;
         if !root.is_dir() {
             return Err(TierError::MissingRoot(root));
         }

@@ -32,42 +32,63 @@ const MAX_RETRIES: usize = 100;
 /// asking the cloud instance-metadata address, unless
 /// [`allow_instance_metadata`](Self::allow_instance_metadata) is set.
 ///
-/// Every field is checked when a tier is built (see [`validate`](Self::validate)).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Every setting is checked when a tier is built (see
+/// [`validate`](Self::validate)). `Debug` shows the secret access key as
+/// `<redacted>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use kvtier::tier::S3Options;
+///
+/// let options = S3Options::new("kv-cache")
+///     .endpoint("http://127.0.0.1:9000")
+///     .allow_http(true)
+///     .credentials("test", "test-secret")
+///     .request_timeout(Duration::from_secs(2));
+/// assert!(options.validate().is_ok());
+/// assert!(!format!("{options:?}").contains("test-secret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 pub struct S3Options {
-    /// The bucket: 3 to 63 lowercase letters, digits, `.` and `-`,
-    /// beginning and ending with a letter or digit.
-    pub bucket: String,
-    /// An S3-compatible server's URL (`http://127.0.0.1:9000`): `http` or
-    /// `https`, a host, an optional port, nothing else. `None`: AWS (or the
-    /// environment's endpoint).
-    pub endpoint: Option<String>,
-    /// The region (S3-compatible servers usually accept any).
-    pub region: Option<String>,
-    /// Access key id.
-    pub access_key_id: Option<String>,
-    /// Secret access key.
-    pub secret_access_key: Option<String>,
-    /// Allow plain `http://` endpoints (loopback test servers, private
-    /// networks). [`from_url`](Self::from_url) sets it exactly when the
-    /// endpoint is `http://`.
-    pub allow_http: bool,
-    /// Ask the cloud instance-metadata service for credentials when no other
-    /// source has them (on a cloud VM with an instance role). Default
-    /// `false`: off a cloud VM that request goes to an address outside this
-    /// machine and fails only after its timeout.
-    pub allow_instance_metadata: bool,
-    /// Per-request timeout, above zero and at most a day. Default 5 s.
-    pub request_timeout: Duration,
-    /// Connection timeout, above zero and at most a day. Default 2 s.
-    pub connect_timeout: Duration,
-    /// Retries of a failed request (with backoff, within
-    /// `request_timeout` × (retries + 1)), at most 100. Default 2.
-    pub max_retries: usize,
+    bucket: String,
+    endpoint: Option<String>,
+    region: Option<String>,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+    allow_http: bool,
+    allow_instance_metadata: bool,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    max_retries: usize,
+}
+
+impl std::fmt::Debug for S3Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Options")
+            .field("bucket", &self.bucket)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            // guard: F10-debug-redacts-the-secret
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("allow_http", &self.allow_http)
+            .field("allow_instance_metadata", &self.allow_instance_metadata)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_retries", &self.max_retries)
+            .finish()
+    }
 }
 
 impl S3Options {
-    /// Options for `bucket` with the defaults.
+    /// Options for `bucket` (3 to 63 lowercase letters, digits, `.` and
+    /// `-`, beginning and ending with a letter or digit) with the defaults:
+    /// AWS or the environment's endpoint, region and credentials, https
+    /// only, no instance metadata, a 5 s request and a 2 s connection
+    /// timeout, 2 retries.
     pub fn new(bucket: impl Into<String>) -> Self {
         Self {
             bucket: bucket.into(),
@@ -81,6 +102,111 @@ impl S3Options {
             connect_timeout: Duration::from_secs(2),
             max_retries: 2,
         }
+    }
+
+    /// An S3-compatible server's URL (`http://127.0.0.1:9000`): `http` or
+    /// `https`, a host, an optional port, nothing else.
+    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(url.into());
+        self
+    }
+
+    /// The region (S3-compatible servers usually accept any).
+    pub fn region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
+    }
+
+    /// The access key id and secret access key, instead of the environment's.
+    pub fn credentials(
+        mut self,
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+    ) -> Self {
+        self.access_key_id = Some(access_key_id.into());
+        self.secret_access_key = Some(secret_access_key.into());
+        self
+    }
+
+    /// Allow plain `http://` endpoints (loopback test servers, private
+    /// networks). [`from_url`](Self::from_url) sets it exactly when the
+    /// endpoint is `http://`.
+    pub fn allow_http(mut self, allow: bool) -> Self {
+        self.allow_http = allow;
+        self
+    }
+
+    /// Ask the cloud instance-metadata service for credentials when no other
+    /// source has them (on a cloud VM with an instance role). Off by
+    /// default: off a cloud VM that request goes to an address outside this
+    /// machine and fails only after its timeout.
+    pub fn allow_instance_metadata(mut self, allow: bool) -> Self {
+        self.allow_instance_metadata = allow;
+        self
+    }
+
+    /// Per-request timeout, above zero and at most a day.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Connection timeout, above zero and at most a day.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Retries of a failed request (with backoff, within
+    /// `request_timeout` × (retries + 1)), at most 100.
+    pub fn max_retries(mut self, retries: usize) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// The bucket.
+    pub fn get_bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The endpoint, if one is set.
+    pub fn get_endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
+    }
+
+    /// The region, if one is set.
+    pub fn get_region(&self) -> Option<&str> {
+        self.region.as_deref()
+    }
+
+    /// The access key id, if credentials are set.
+    pub fn get_access_key_id(&self) -> Option<&str> {
+        self.access_key_id.as_deref()
+    }
+
+    /// Whether `http://` endpoints are allowed.
+    pub fn get_allow_http(&self) -> bool {
+        self.allow_http
+    }
+
+    /// Whether the instance-metadata service may be asked.
+    pub fn get_allow_instance_metadata(&self) -> bool {
+        self.allow_instance_metadata
+    }
+
+    /// The per-request timeout.
+    pub fn get_request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The connection timeout.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The retries of a failed request.
+    pub fn get_max_retries(&self) -> usize {
+        self.max_retries
     }
 
     /// Parses `s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]` into the
@@ -97,9 +223,9 @@ impl S3Options {
     ///
     /// let (options, namespace) =
     ///     S3Options::from_url("s3://kv-cache/llama/rank0?endpoint=http://127.0.0.1:9000")?;
-    /// assert_eq!(options.bucket, "kv-cache");
-    /// assert_eq!(options.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
-    /// assert!(options.allow_http);
+    /// assert_eq!(options.get_bucket(), "kv-cache");
+    /// assert_eq!(options.get_endpoint(), Some("http://127.0.0.1:9000"));
+    /// assert!(options.get_allow_http());
     /// assert_eq!(namespace, "llama/rank0");
     ///
     /// // An endpoint with a query would address the bucket, not the block.
@@ -163,12 +289,11 @@ impl S3Options {
     /// use std::time::Duration;
     /// use kvtier::tier::S3Options;
     ///
-    /// let mut options = S3Options::new("kv-cache");
-    /// options.endpoint = Some("http://127.0.0.1:9000/#frag".into());
-    /// assert!(options.validate().is_err());
-    /// options.endpoint = Some("http://127.0.0.1:9000".into());
-    /// options.request_timeout = Duration::MAX;
-    /// assert!(options.validate().is_err());
+    /// let options = S3Options::new("kv-cache");
+    /// assert!(options.clone().endpoint("http://127.0.0.1:9000/#frag").validate().is_err());
+    /// let options = options.endpoint("http://127.0.0.1:9000");
+    /// assert!(options.validate().is_ok());
+    /// assert!(options.request_timeout(Duration::MAX).validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), TierError> {
         self.check_fields()
@@ -408,6 +533,19 @@ fn namespace_of(url: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_secret_access_key() {
+        let options = S3Options::new("bucket").credentials("key-id", "very-secret");
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("very-secret"), "{shown}");
+        assert!(
+            shown.contains("key-id") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        let shown = format!("{:?}", S3Options::new("bucket"));
+        assert!(shown.contains("secret_access_key: None"), "{shown}");
+    }
 
     #[test]
     fn endpoints_are_plain_http_urls_of_a_host() {

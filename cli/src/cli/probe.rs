@@ -95,10 +95,7 @@ fn open(args: &ProbeArgs) -> Result<(Tier, String), Failure> {
                 dir.display()
             )));
         }
-        let options = FsOptions {
-            io_threads: 1,
-            ..FsOptions::default()
-        };
+        let options = FsOptions::default().io_threads(1);
         let tier =
             FsTier::open_with(dir, &args.namespace, options).map_err(|error| match error {
                 TierError::Namespace(_) | TierError::MissingRoot(_) => {

@@ -85,7 +85,15 @@ impl TokioConfig {
         self.shutdown_grace
     }
 
-    pub(super) fn validate(&self) -> Result<(), LookupError> {
+    /// The configured runtime threads.
+    pub fn get_worker_threads(&self) -> usize {
+        self.worker_threads
+    }
+
+    /// Checks every setting; the error says which is out of range and why.
+    /// [`Lookup::tokio`](crate::Lookup::tokio) and
+    /// [`Lookup::tokio_on`](crate::Lookup::tokio_on) check them too.
+    pub fn validate(&self) -> Result<(), LookupError> {
         if self.max_concurrent_groups == 0 {
             return Err(LookupError::Config(
                 "max_concurrent_groups must be at least 1".into(),
