@@ -198,6 +198,12 @@ MUTATIONS = [
         LOOM,
     ),
     Mutation(
+        "L8-refused-groups-are-cancelled",
+        "a submission the prober refused is dropped, its keys left in flight forever",
+        [("                    self.table.apply(group.cancelled());\n", "                    drop(group);\n")],
+        TEST + ["--test", "driver", "a_lost_worker_is_reported"],
+    ),
+    Mutation(
         "L8-shutdown-finishes-queued-work",
         "the worker exits at shutdown without serving queued submissions",
         [("        if let Some(job) = queue.pop() {\n            return Some(job);\n        }\n        if queue.closing() {\n            return None;\n        }",

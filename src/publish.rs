@@ -115,7 +115,7 @@ impl<T> Drop for PublishStack<T> {
     }
 }
 
-#[cfg(all(test, not(any(kvtier_loom, kvtier_shuttle))))]
+#[cfg(all(test, not(model_checked)))]
 mod tests {
     use super::*;
     use crate::sync::{Arc, thread};

@@ -25,7 +25,7 @@ compile_error!(
     "`--cfg kvtier_loom` and `--cfg kvtier_shuttle` are mutually exclusive: pick one model checker per build"
 );
 
-#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+#[cfg(not(model_checked))]
 mod imp {
     pub(crate) use std::sync::Arc;
     pub(crate) use std::sync::atomic;
@@ -62,7 +62,7 @@ mod imp {
 
         /// Waits at most `limit`; callers re-check their condition and
         /// their deadline, so whether it timed out is not reported.
-        #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+        #[cfg_attr(not(tokio_driver), allow(dead_code))]
         pub(crate) fn wait_timeout<'a, T>(
             &self,
             mut guard: MutexGuard<'a, T>,
@@ -88,7 +88,7 @@ mod imp {
 
 /// loom and shuttle both mirror `std`'s API (poisoning `lock`, by-value
 /// `Condvar::wait`); this wraps either one into the shim's API.
-#[cfg(any(kvtier_loom, kvtier_shuttle))]
+#[cfg(model_checked)]
 macro_rules! checked_primitives {
     ($checker:ident) => {
         pub(crate) use $checker::sync::Arc;
@@ -216,7 +216,7 @@ pub(crate) fn unique_id() -> u64 {
 /// shuttle's executor under `--cfg kvtier_shuttle`, so the same driver code
 /// runs under the checker. loom has no task executor, so under
 /// `--cfg kvtier_loom` the driver is not built.
-#[cfg(all(feature = "tokio", not(any(kvtier_loom, kvtier_shuttle))))]
+#[cfg(all(tokio_driver, not(kvtier_shuttle)))]
 pub(crate) mod task {
     use std::future::Future;
     use std::time::Duration;
@@ -228,11 +228,11 @@ pub(crate) mod task {
     pub(crate) type Task = tokio::task::AbortHandle;
 
     /// Bounds the requests a tier has in flight at once, over all groups.
-    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    #[cfg_attr(not(object_tier), allow(dead_code))]
     pub(crate) type Semaphore = tokio::sync::Semaphore;
 
     /// A request slot taken from a [`Semaphore`].
-    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    #[cfg_attr(not(object_tier), allow(dead_code))]
     pub(crate) type SemaphorePermit<'a> = tokio::sync::SemaphorePermit<'a>;
 
     pub(crate) fn spawn<F>(spawner: &Spawner, future: F) -> Task

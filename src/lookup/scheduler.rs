@@ -267,6 +267,7 @@ where
         match self.prober.submit(submission) {
             Ok(()) => Ok(keys),
             Err(Refused { submission, error }) => {
+                // guard: L8-refused-groups-are-cancelled
                 for group in submission.into_groups() {
                     self.table.apply(group.cancelled());
                 }

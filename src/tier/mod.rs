@@ -97,7 +97,7 @@ pub enum TierError {
 }
 
 impl TierError {
-    #[cfg_attr(not(feature = "fs"), allow(dead_code))]
+    #[cfg_attr(not(fs_tier), allow(dead_code))]
     pub(crate) fn io(op: &'static str, path: &Path, source: std::io::Error) -> Self {
         Self::Io {
             op,

@@ -247,7 +247,7 @@ impl ObjectTier {
     /// Stores `payload` as the block for `key` on `runtime`; the returned
     /// task (for the [`SaveTracker`](crate::SaveTracker)) completes when the
     /// `put` has succeeded or failed. If the runtime shuts down first, the
-    /// task ends as [`TaskError::Abandoned`].
+    /// task ends as [`TaskError::Abandoned`](crate::save::TaskError::Abandoned).
     pub fn save(
         &self,
         key: &(impl BlockKey + ?Sized),
