@@ -173,7 +173,7 @@ MUTATIONS = [
     ),
     Mutation(
         "L7-per-group-publication",
-        "the worker publishes a submission's groups only when all are done (pre-seed-000)",
+        "the worker publishes a submission's groups only when all are done",
         [("            published.publish(probe_group(&mut backend, group));\n",
           "            done.push(probe_group(&mut backend, group));\n"),
          ("        for group in submission.into_groups() {\n",
@@ -204,6 +204,12 @@ MUTATIONS = [
         TEST + ["--test", "driver", "a_lost_worker_is_reported"],
     ),
     Mutation(
+        "L8-prober-shut-down-once",
+        "shutdown leaves the lookup open, so its Drop shuts the prober down a second time",
+        [("        self.open = false;\n", "")],
+        TEST + ["--test", "prober", "a_custom_prober_can_produce_every_outcome"],
+    ),
+    Mutation(
         "L8-shutdown-finishes-queued-work",
         "the worker exits at shutdown without serving queued submissions",
         [("        if let Some(job) = queue.pop() {\n            return Some(job);\n        }\n        if queue.closing() {\n            return None;\n        }",
@@ -213,20 +219,20 @@ MUTATIONS = [
     ),
     Mutation(
         "L9-cursor-checks-the-key",
-        "the in-order shortcut takes any key at the cursor as already linked (issue 6 fast path)",
+        "the in-order shortcut takes any key at the cursor as already linked",
         [("if self.keys.get(self.cursor) == Some(key) {",
           "if self.cursor < self.keys.len() {")],
         MODELS + ["proptest_lookup"],
     ),
     Mutation(
         "L9-flush-moves-the-watermark",
-        "a flush leaves its keys pending instead of moving the in-flight watermark (issue 6 fast path)",
+        "a flush leaves its keys pending instead of moving the in-flight watermark",
         [("        self.flushed_below = self.next_generation;\n", "")],
         TEST + ["--test", "table"],
     ),
     Mutation(
         "L9-batch-cache-epoch",
-        "a slot's cached batch group survives the flush (issue 6 fast path)",
+        "a slot's cached batch group survives the flush",
         [("        self.batch_epoch += 1;\n", "")],
         TEST + ["--test", "table"],
     ),
@@ -320,7 +326,7 @@ MUTATIONS = [
     ),
     Mutation(
         "S6-worker-records-the-step",
-        "a worker does not record the step's saving requests (the seed's missing mirror)",
+        "a worker does not record the step's saving requests, so they are never delayed",
         [("        self.ledger.begin_step(step.requests());", "        self.ledger.begin_step(&step.requests()[..0]);")],
         TEST + ["--test", "save", "s6_the_scheduler"],
     ),

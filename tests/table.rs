@@ -242,7 +242,7 @@ fn a_key_cleaned_up_and_recreated_before_the_flush_is_submitted_once_with_its_cu
 
 #[test]
 fn defect_1_stale_ticket_after_recreate_cannot_touch_the_newer_lookup() {
-    // The seed-001 reviewer's sequence, every variant of where gen 1 stands.
+    // A late mark_miss against every stage of the recreated key's generation 1.
     for gen1_phase in ["pending", "in flight", "resolved"] {
         let mut table = Table::new();
         table.lookup(&2, &req("a"));

@@ -360,6 +360,7 @@ where
     ///
     /// On error the final table is in the [`ShutdownError`].
     pub fn shutdown(mut self) -> Result<LookupTable<K, R>, ShutdownError<K, R>> {
+        // guard: L8-prober-shut-down-once
         self.open = false;
         // guard: L8-shutdown-applies-last-answers
         let stopped = self.prober.shutdown();
