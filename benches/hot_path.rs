@@ -181,6 +181,8 @@ mod benches {
     struct Driven {
         lookup: ThreadLookup<u64, u64>,
         trace: Trace,
+        /// The batched call's buffer, reused across steps.
+        verdicts: Vec<kvtier::Verdict<u64>>,
     }
 
     fn answer(keys: &[u64], _request: &u64) -> Vec<bool> {
@@ -201,16 +203,37 @@ mod benches {
             Self {
                 lookup: ThreadLookup::threaded(backend).expect("worker thread"),
                 trace: Trace::new(),
+                verdicts: Vec::new(),
             }
         }
 
-        fn step(&mut self) -> StepTime {
+        /// One step; with `batched`, each request's keys in one
+        /// `lookup_all` call instead of a `lookup` per key.
+        fn step(&mut self, batched: bool) -> StepTime {
             let step = self.trace.next_step();
-            let start = Instant::now();
-            for (key, request) in &step.lookups {
-                black_box(self.lookup.lookup(key, request));
-            }
-            let lookup = start.elapsed();
+            let lookup = if batched {
+                // Each request's keys, gathered before the clock starts.
+                let requests: Vec<(Vec<u64>, u64)> = step
+                    .lookups
+                    .chunks(workload::KEYS_PER_REQUEST)
+                    .map(|chunk| (chunk.iter().map(|&(key, _)| key).collect(), chunk[0].1))
+                    .collect();
+                let mut verdicts = std::mem::take(&mut self.verdicts);
+                let start = Instant::now();
+                for (keys, request) in &requests {
+                    black_box(self.lookup.lookup_all(keys, request, &mut verdicts));
+                    black_box(&verdicts);
+                }
+                let elapsed = start.elapsed();
+                self.verdicts = verdicts;
+                elapsed
+            } else {
+                let start = Instant::now();
+                for (key, request) in &step.lookups {
+                    black_box(self.lookup.lookup(key, request));
+                }
+                start.elapsed()
+            };
             let start = Instant::now();
             self.lookup.flush().expect("open");
             let mut scheduler = lookup + start.elapsed();
@@ -242,11 +265,15 @@ mod benches {
 
         let mut driven = Driven::new();
         group.bench_function("kvtier_lookup", |b| {
-            b.iter_custom(|steps| (0..steps).map(|_| driven.step().lookup).sum())
+            b.iter_custom(|steps| (0..steps).map(|_| driven.step(false).lookup).sum())
+        });
+        let mut driven = Driven::new();
+        group.bench_function("kvtier_lookup_all", |b| {
+            b.iter_custom(|steps| (0..steps).map(|_| driven.step(true).lookup).sum())
         });
         let mut driven = Driven::new();
         group.bench_function("kvtier_scheduler", |b| {
-            b.iter_custom(|steps| (0..steps).map(|_| driven.step().scheduler).sum())
+            b.iter_custom(|steps| (0..steps).map(|_| driven.step(false).scheduler).sum())
         });
 
         fn baseline<M: FromIterator<(u64, bool)>>(

@@ -15,7 +15,11 @@
 //! between kvtier's runs, probes a `std::collections::HashMap<u64, bool>`
 //! holding each step's live keys with the same key sequence.
 //!
-//! Options: `--runs N` (default 7), `--steps N` (default 200).
+//! Options: `--runs N` (default 7), `--steps N` (default 200), `--batched`
+//! (each request's keys in one `lookup_all` call instead of a `lookup` per
+//! key; the timed loops are the functions `step_lookups_single` and
+//! `step_lookups_batched`, so an instruction counter can isolate them, e.g.
+//! `valgrind --tool=callgrind --toggle-collect='*step_lookups*'`).
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -42,22 +46,61 @@ struct Run {
     pending: u64,
 }
 
-fn kvtier_run(steps: usize) -> Run {
-    let backend = |keys: &[u64], _request: &u64| keys.iter().map(|&k| present(k)).collect();
-    let mut lookup = ThreadLookup::threaded(backend).expect("start the lookup worker");
-    let mut trace = Trace::new();
-    let mut run = Run::default();
-    for _ in 0..steps {
-        let step = trace.next_step();
-        let start = Instant::now();
-        for (key, request) in &step.lookups {
-            match black_box(lookup.lookup(key, request)) {
+/// One step's lookups, a `lookup` per key.
+#[inline(never)]
+fn step_lookups_single(lookup: &mut ThreadLookup<u64, u64>, lookups: &[(u64, u64)], run: &mut Run) {
+    for (key, request) in lookups {
+        match black_box(lookup.lookup(key, request)) {
+            Verdict::Hit(_) => run.hits += 1,
+            Verdict::Miss => run.misses += 1,
+            Verdict::Pending => run.pending += 1,
+        }
+    }
+}
+
+/// One step's lookups, a `lookup_all` per request.
+#[inline(never)]
+fn step_lookups_batched(
+    lookup: &mut ThreadLookup<u64, u64>,
+    requests: &[(Vec<u64>, u64)],
+    verdicts: &mut Vec<Verdict<u64>>,
+    run: &mut Run,
+) {
+    for (keys, request) in requests {
+        black_box(lookup.lookup_all(keys, request, verdicts));
+        for verdict in verdicts.iter() {
+            match verdict {
                 Verdict::Hit(_) => run.hits += 1,
                 Verdict::Miss => run.misses += 1,
                 Verdict::Pending => run.pending += 1,
             }
         }
-        run.lookup += start.elapsed();
+    }
+}
+
+fn kvtier_run(steps: usize, batched: bool) -> Run {
+    let backend = |keys: &[u64], _request: &u64| keys.iter().map(|&k| present(k)).collect();
+    let mut lookup = ThreadLookup::threaded(backend).expect("start the lookup worker");
+    let mut trace = Trace::new();
+    let mut run = Run::default();
+    let mut verdicts = Vec::new();
+    for _ in 0..steps {
+        let step = trace.next_step();
+        if batched {
+            // Each request's keys, gathered before the clock starts.
+            let requests: Vec<(Vec<u64>, u64)> = step
+                .lookups
+                .chunks(workload::KEYS_PER_REQUEST)
+                .map(|chunk| (chunk.iter().map(|&(key, _)| key).collect(), chunk[0].1))
+                .collect();
+            let start = Instant::now();
+            step_lookups_batched(&mut lookup, &requests, &mut verdicts, &mut run);
+            run.lookup += start.elapsed();
+        } else {
+            let start = Instant::now();
+            step_lookups_single(&mut lookup, &step.lookups, &mut run);
+            run.lookup += start.elapsed();
+        }
         run.lookups += step.lookups.len() as u64;
 
         let start = Instant::now();
@@ -118,8 +161,13 @@ fn median(values: &mut [f64]) -> f64 {
 fn main() {
     let mut runs = 7usize;
     let mut steps = workload::STEPS;
+    let mut batched = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        if arg == "--batched" {
+            batched = true;
+            continue;
+        }
         let value = args
             .next()
             .and_then(|v| v.parse::<usize>().ok())
@@ -128,19 +176,19 @@ fn main() {
             ("--runs", Some(v)) => runs = v,
             ("--steps", Some(v)) => steps = v,
             _ => {
-                eprintln!("usage: step_workload [--runs N] [--steps N]  (N > 0)");
+                eprintln!("usage: step_workload [--runs N] [--steps N] [--batched]  (N > 0)");
                 std::process::exit(2);
             }
         }
     }
 
     // One untimed warm-up of each, then alternate so both see the same noise.
-    kvtier_run(steps.min(20));
+    kvtier_run(steps.min(20), batched);
     baseline_run(steps.min(20));
     let (mut lookup_ns, mut scheduler_ns, mut baseline_ns) = (vec![], vec![], vec![]);
     let mut last = Run::default();
     for _ in 0..runs {
-        let run = kvtier_run(steps);
+        let run = kvtier_run(steps, batched);
         lookup_ns.push(per(run.lookup, run.lookups));
         scheduler_ns.push(per(
             run.lookup + run.apply + run.flush + run.cleanup,
@@ -158,11 +206,16 @@ fn main() {
         median(&mut baseline_ns),
     );
     println!(
-        "trace: {steps} steps x {} requests x {} keys ({} shared), lifetime {} steps; {runs} runs, medians",
+        "trace: {steps} steps x {} requests x {} keys ({} shared), lifetime {} steps; {runs} runs, medians{}",
         workload::LIVE,
         workload::KEYS_PER_REQUEST,
         workload::SHARED_PREFIX,
-        workload::LIFETIME
+        workload::LIFETIME,
+        if batched {
+            "; lookups batched per request"
+        } else {
+            ""
+        }
     );
     println!(
         "verdicts per run: {} hits, {} misses, {} pending (of {} lookups)",

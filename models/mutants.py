@@ -237,6 +237,24 @@ MUTATIONS = [
         TEST + ["--test", "table"],
     ),
     Mutation(
+        "L12-leading-hits-stop-at-the-first-non-hit",
+        "the batched lookup counts every hit, not the leading run (a scheduler would load past a miss)",
+        [(".take_while(|verdict| verdict.is_hit())", ".filter(|verdict| verdict.is_hit())")],
+        TEST + ["--test", "table", "the_batched_lookup_is_the_single_lookup"],
+    ),
+    Mutation(
+        "L12-no-keys-registers-nothing",
+        "a batched lookup of no keys registers the request (a request no single lookup would know)",
+        [("        if keys.is_empty() {\n            return 0;", "        if false {\n            return 0;")],
+        TEST + ["--test", "table", "the_batched_lookup_is_the_single_lookup"],
+    ),
+    Mutation(
+        "L12-batched-lookup-applies-published",
+        "the batched lookup does not apply what the worker published (answers wait for the next single call)",
+        [("        self.drain();\n        self.table.lookup_all(", "        self.table.lookup_all(")],
+        TEST + ["--test", "driver", "the_batched_lookup_applies_published"],
+    ),
+    Mutation(
         "S2-aggregator-needs-a-worker",
         "an aggregator for no workers is built (and can never free a request)",
         [("if workers == 0 {", "if false {")],

@@ -425,3 +425,23 @@ fn a_panic_payload_whose_drop_panics_does_not_kill_the_worker() {
     let final_table = lookup.shutdown().unwrap();
     assert!(final_table.is_empty());
 }
+
+/// The batched call picks up what the worker published, as a single lookup
+/// does, and counts the leading hits a scheduler can load.
+#[test]
+fn the_batched_lookup_applies_published_answers_and_counts_leading_hits() {
+    let backend = |keys: &[u64], _request: &String| keys.iter().map(|k| k % 4 != 3).collect();
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
+    let keys = [1, 2, 3, 5];
+    let mut verdicts = Vec::new();
+    assert_eq!(lookup.lookup_all(&keys, &req("a"), &mut verdicts), 0);
+    assert!(verdicts.iter().all(|v| v.is_pending()));
+    lookup.flush().unwrap();
+    // Wait without draining: the answers are published, not yet applied.
+    while lookup.prober().outstanding_submissions() > 0 {
+        std::thread::yield_now();
+    }
+    assert_eq!(lookup.lookup_all(&keys, &req("a"), &mut verdicts), 2);
+    assert!(verdicts[2].is_miss() && verdicts[3].is_hit());
+    assert_eq!(lookup.stats().lookups, 8);
+}

@@ -446,3 +446,105 @@ fn tickets_and_results_are_tied_to_the_table_that_issued_them() {
     assert_clean(&ours);
     assert_clean(&theirs);
 }
+
+/// What a verdict says, without the table identity its ticket carries.
+fn seen(verdict: &Verdict<u64>) -> (char, Option<u64>) {
+    match verdict {
+        Verdict::Hit(ticket) => ('H', Some(ticket.generation().get())),
+        Verdict::Miss => ('M', None),
+        Verdict::Pending => ('P', None),
+    }
+}
+
+/// `lookup_all` is `lookup` key by key: two tables driven through the same
+/// random steps (shared keys, repeated keys, answers held back a step,
+/// cleanups, failed loads), one with the batched call and one with single
+/// calls, give the same verdicts, the same counters and the same states; the
+/// returned count is the leading run of hits.
+#[test]
+fn the_batched_lookup_is_the_single_lookup_key_by_key() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    let mut batched = Table::new();
+    let mut single = Table::new();
+    let mut verdicts = Vec::new();
+    let mut held: Vec<(GroupResult<u64>, GroupResult<u64>)> = Vec::new();
+    let mut leading_runs = [0usize; 2];
+    for _ in 0..400 {
+        for request in 0..4 {
+            let id = format!("r{request}");
+            let keys: Vec<u64> = (0..next(12)).map(|_| next(40)).collect();
+            let leading = batched.lookup_all(&keys, &id, &mut verdicts);
+            let one_by_one: Vec<Verdict<u64>> =
+                keys.iter().map(|key| single.lookup(key, &id)).collect();
+            let expected = one_by_one.iter().take_while(|v| v.is_hit()).count();
+            assert_eq!(leading, expected, "keys {keys:?}");
+            assert_eq!(
+                verdicts.iter().map(seen).collect::<Vec<_>>(),
+                one_by_one.iter().map(seen).collect::<Vec<_>>()
+            );
+            leading_runs[usize::from(leading > 0 && leading < keys.len())] += 1;
+            // A failed load of the first hit, now and then, on both.
+            if next(5) == 0 {
+                if let (Some(Verdict::Hit(a)), Some(Verdict::Hit(b))) = (
+                    verdicts.iter().find(|v| v.is_hit()),
+                    one_by_one.iter().find(|v| v.is_hit()),
+                ) {
+                    assert_eq!(batched.mark_miss(a), single.mark_miss(b));
+                }
+            }
+        }
+        // Answers come back now or a step later, the same on both tables.
+        let answer = |key: &u64| key % 3 != 0;
+        let results = |table: &mut Table| -> Vec<GroupResult<u64>> {
+            table.take_submission().map_or_else(Vec::new, |submission| {
+                submission
+                    .into_groups()
+                    .into_iter()
+                    .map(|group| {
+                        let answers: Vec<bool> = group.keys().iter().map(answer).collect();
+                        group.answered(answers)
+                    })
+                    .collect()
+            })
+        };
+        let fresh: Vec<_> = results(&mut batched)
+            .into_iter()
+            .zip(results(&mut single))
+            .collect();
+        for (a, b) in held.drain(..) {
+            batched.apply(a);
+            single.apply(b);
+        }
+        if next(2) == 0 {
+            held = fresh;
+        } else {
+            for (a, b) in fresh {
+                batched.apply(a);
+                single.apply(b);
+            }
+        }
+        if next(3) == 0 {
+            let id = format!("r{}", next(4));
+            batched.cleanup(&id);
+            single.cleanup(&id);
+        }
+        assert_eq!(batched.stats(), single.stats());
+        assert_eq!(batched.len(), single.len());
+        assert_eq!(batched.request_count(), single.request_count());
+        batched.check_invariants().unwrap();
+    }
+    assert!(
+        leading_runs[1] > 50,
+        "runs that end in the middle: {leading_runs:?}"
+    );
+    for key in 0..40 {
+        let state = |table: &Table| table.key_state(&key).map(|s| (s.generation, s.phase));
+        assert_eq!(state(&batched), state(&single), "key {key}");
+    }
+}

@@ -250,6 +250,36 @@ where
         self.table.lookup(key, request)
     }
 
+    /// Looks up a request's `keys` in one call: their verdicts into
+    /// `verdicts` (cleared first; reuse it across calls), and how many of the
+    /// leading keys are hits — the blocks the request can load before the
+    /// first one it must compute or wait for. The same as a
+    /// [`lookup`](Self::lookup) per key, except that what was published is
+    /// applied once, first (an answer published during the call is applied
+    /// by the next one). For callers that pay per call, such as a
+    /// scheduler across an FFI boundary.
+    ///
+    /// ```
+    /// use kvtier::Lookup;
+    ///
+    /// let tier = |keys: &[u64], _request: &u64| keys.iter().map(|k| *k != 3).collect();
+    /// let mut lookup = Lookup::threaded(tier)?;
+    /// let mut verdicts = Vec::new();
+    /// assert_eq!(lookup.lookup_all(&[1, 2, 3, 4], &9, &mut verdicts), 0);
+    /// lookup.flush()?;
+    /// lookup.wait_idle()?;
+    /// // 1 and 2 can be loaded; 3 is not stored, so the request computes from there.
+    /// assert_eq!(lookup.lookup_all(&[1, 2, 3, 4], &9, &mut verdicts), 2);
+    /// assert!(verdicts[3].is_hit());
+    /// # Ok::<(), kvtier::LookupError>(())
+    /// ```
+    #[inline]
+    pub fn lookup_all(&mut self, keys: &[K], request: &R, verdicts: &mut Vec<Verdict<K>>) -> usize {
+        // guard: L12-batched-lookup-applies-published
+        self.drain();
+        self.table.lookup_all(keys, request, verdicts)
+    }
+
     /// Ends the step: hands the keys looked up for the first time since the
     /// last flush to the prober (nothing when there are none). Never waits
     /// for the backend. Returns how many keys were handed over.

@@ -94,6 +94,15 @@ where
     }
 }
 
+impl<K, R> ThreadProber<K, R> {
+    /// Submissions taken but not yet fully published: queued or being
+    /// probed.
+    pub fn outstanding_submissions(&self) -> u64 {
+        let queue = self.shared.queue.lock();
+        queue.submitted - queue.completed
+    }
+}
+
 impl<K, R> Lookup<K, R, ThreadProber<K, R>>
 where
     K: Eq + std::hash::Hash + Clone + Send + 'static,

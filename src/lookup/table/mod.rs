@@ -159,8 +159,14 @@ where
     /// request asking for it shares the probe already pending or in flight.
     #[inline(always)]
     pub fn lookup(&mut self, key: &K, request: &R) -> Verdict<K> {
-        self.stats.lookups += 1;
         let slot = self.slot_for(request.id());
+        self.lookup_in(slot, key, request)
+    }
+
+    /// [`lookup`](Self::lookup) for the request in `slot`.
+    #[inline(always)]
+    fn lookup_in(&mut self, slot: u32, key: &K, request: &R) -> Verdict<K> {
+        self.stats.lookups += 1;
         // guard: L1-known-key
         let entry = match self.states.get_mut(key) {
             Some(entry) => {
@@ -194,6 +200,43 @@ where
                 Verdict::Miss
             }
         }
+    }
+
+    /// Looks up a request's `keys` in order, exactly as that many
+    /// [`lookup`](Self::lookup) calls would, writing their verdicts into
+    /// `verdicts` (cleared first; its allocation is reused). Returns how many
+    /// of the leading keys are hits: the blocks a scheduler can load before
+    /// the first one it must compute or wait for.
+    ///
+    /// ```
+    /// use kvtier::Verdict;
+    /// use kvtier::lookup::LookupTable;
+    ///
+    /// let mut table: LookupTable<u64, u64> = LookupTable::new();
+    /// let mut verdicts = Vec::new();
+    /// assert_eq!(table.lookup_all(&[1, 2, 3], &7, &mut verdicts), 0); // all new: pending
+    /// for group in table.take_submission().unwrap().into_groups() {
+    ///     table.apply(group.answered([true, false, true]));
+    /// }
+    /// assert_eq!(table.lookup_all(&[1, 2, 3], &7, &mut verdicts), 1); // 2 is a miss
+    /// assert!(verdicts[0].is_hit() && verdicts[1] == Verdict::Miss && verdicts[2].is_hit());
+    /// ```
+    #[inline]
+    pub fn lookup_all(&mut self, keys: &[K], request: &R, verdicts: &mut Vec<Verdict<K>>) -> usize {
+        verdicts.clear();
+        // guard: L12-no-keys-registers-nothing
+        if keys.is_empty() {
+            return 0; // and the request is not registered, as by no lookup
+        }
+        // The request's slot found once, and one capacity check for all
+        // keys (the slice's map has an exact length).
+        let slot = self.slot_for(request.id());
+        verdicts.extend(keys.iter().map(|key| self.lookup_in(slot, key, request)));
+        // guard: L12-leading-hits-stop-at-the-first-non-hit
+        verdicts
+            .iter()
+            .take_while(|verdict| verdict.is_hit())
+            .count()
     }
 
     /// A fresh state for a key looked up for the first time, batched under
