@@ -490,17 +490,17 @@ fn the_batched_lookup_is_the_single_lookup_key_by_key() {
             );
             leading_runs[usize::from(leading > 0 && leading < keys.len())] += 1;
             // A failed load of the first hit, now and then, on both.
-            if next(5) == 0 {
-                if let (Some(Verdict::Hit(a)), Some(Verdict::Hit(b))) = (
+            if next(5) == 0
+                && let (Some(Verdict::Hit(a)), Some(Verdict::Hit(b))) = (
                     verdicts.iter().find(|v| v.is_hit()),
                     one_by_one.iter().find(|v| v.is_hit()),
-                ) {
-                    assert_eq!(batched.mark_miss(a), single.mark_miss(b));
-                }
+                )
+            {
+                assert_eq!(batched.mark_miss(a), single.mark_miss(b));
             }
         }
         // Answers come back now or a step later, the same on both tables.
-        let answer = |key: &u64| key % 3 != 0;
+        let answer = |key: &u64| !key.is_multiple_of(3);
         let results = |table: &mut Table| -> Vec<GroupResult<u64>> {
             table.take_submission().map_or_else(Vec::new, |submission| {
                 submission

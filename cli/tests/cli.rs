@@ -347,9 +347,12 @@ fn bad_input_and_failing_storage_are_explained_with_distinct_exit_codes() {
         cases.len(),
         failures.join("\n")
     );
+    // A failed head fails its group and drops the group's other heads, so
+    // the server sees at least one request per group (4), not one per key.
     assert!(
-        refusing.requests() >= 20,
-        "the failing case reached the server"
+        refusing.requests() >= 4,
+        "the failing case reached the server: {} requests",
+        refusing.requests()
     );
 }
 
