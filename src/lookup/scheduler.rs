@@ -212,16 +212,9 @@ where
     /// A lookup whose groups `make`'s prober probes; `make` gets the
     /// publisher the prober answers through.
     pub fn with_prober(make: impl FnOnce(Publisher<K>) -> P) -> Self {
-        let table = LookupTable::new();
-        let published = Publisher {
-            stack: Arc::new(PublishStack::new()),
-        };
-        let prober = make(published.clone());
-        Self {
-            table,
-            published,
-            prober,
-            open: true,
+        match Self::try_with_prober(|results| Ok::<P, std::convert::Infallible>(make(results))) {
+            Ok(lookup) => lookup,
+            Err(never) => match never {},
         }
     }
 

@@ -95,11 +95,6 @@ impl<K, R> Group<K, R> {
     pub fn answered(self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
         let mut found = Vec::with_capacity(self.len());
         let surplus = collect_answers(answers, self.len(), &mut found);
-        self.collected(found, surplus)
-    }
-
-    /// The result for answers already pulled by [`collect_answers`].
-    pub(crate) fn collected(self, found: Vec<bool>, surplus: bool) -> GroupResult<K> {
         let outcome = GroupOutcome::of_answers(found.len(), self.len(), surplus);
         self.finish(found, outcome)
     }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 pub use backend::AsyncBackend;
 pub use config::TokioConfig;
-use runner::{CANCEL_WAIT, Pool, Runner, Shared, cancelled};
+use runner::{CANCEL_WAIT, Pool, Runner, Shared};
 
 use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
 use super::submission::Submission;
@@ -307,7 +307,7 @@ impl<K, R: Request, B> TokioProber<K, R, B> {
         // Left queued only if a runner is stuck (or none could start).
         let queued = pool.queue.len() as u64;
         for group in pool.queue.drain(..) {
-            shared.published.publish(cancelled(group));
+            shared.published.publish(group.cancelled());
         }
         pool.finished += queued;
         let unpublished = pool.submitted - pool.finished;

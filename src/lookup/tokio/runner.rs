@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::backend::{AsyncBackend, probe};
 use crate::lookup::backend::settle;
 use crate::lookup::scheduler::Publisher;
-use crate::lookup::submission::{Group, GroupResult};
+use crate::lookup::submission::Group;
 use crate::lookup::types::Request;
 use crate::sync::{Arc, Condvar, Mutex};
 
@@ -33,11 +33,6 @@ pub(super) struct Shared<K, R, B> {
     /// Signals the scheduler: `finished` grew or a runner exited.
     pub(super) progress: Condvar,
     pub(super) timeout: Option<Duration>,
-}
-
-/// A group nobody will answer: every key a miss.
-pub(super) fn cancelled<K, R>(group: Group<K, R>) -> GroupResult<K> {
-    group.cancelled()
 }
 
 /// A task that probes queued groups one after another until the queue is
@@ -95,7 +90,7 @@ impl<K, R: Request, B> Drop for Runner<K, R, B> {
         // guard: T2-cancelled-group-published
         // guard: T2-queue-cancelled-with-runner
         for group in self.current.take().into_iter().chain(pool.queue.drain(..)) {
-            self.shared.published.publish(cancelled(group));
+            self.shared.published.publish(group.cancelled());
             cancelled_groups += 1;
         }
         pool.finished += cancelled_groups;
