@@ -445,3 +445,56 @@ fn the_batched_lookup_applies_published_answers_and_counts_leading_hits() {
     assert!(verdicts[2].is_miss() && verdicts[3].is_hit());
     assert_eq!(lookup.stats().lookups, 8);
 }
+
+#[test]
+fn a_queued_group_whose_request_was_cleaned_up_is_not_probed() {
+    let mut harness = Harness::new([2]);
+    let release_slow = harness.gate("slow");
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    let (slow, gone) = (req("slow"), req("gone"));
+    lookup.lookup(&2, &slow);
+    lookup.lookup(&4, &gone);
+    lookup.flush().unwrap();
+    assert_eq!(next_call(&harness.started).request, "slow");
+    // "gone" waits behind "slow" and is cleaned up while it waits.
+    lookup.cleanup(&gone);
+    release_slow.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(
+        harness.started.try_iter().next().is_none(),
+        "the backend was called for a group nobody wants"
+    );
+    assert_eq!(lookup.stats().abandoned, 1);
+    assert!(lookup.lookup(&2, &slow).is_hit());
+    lookup.cleanup(&slow);
+    assert!(lookup.shutdown().unwrap().is_empty());
+}
+
+#[test]
+fn with_a_time_budget_the_flush_reads_the_clock_and_a_stuck_key_becomes_a_miss() {
+    let mut harness = Harness::new([1]);
+    let release = harness.gate("a");
+    let mut lookup = ThreadLookup::threaded(harness.backend).unwrap();
+    lookup
+        .set_limits(
+            kvtier::lookup::LookupLimits::default()
+                .pending_time(Some(std::time::Duration::from_millis(1))),
+        )
+        .unwrap();
+    let a = req("a");
+    lookup.lookup(&1, &a);
+    lookup.flush().unwrap(); // step 0 ends; step 1 starts now
+    assert_eq!(next_call(&harness.started).request, "a");
+    // The backend is held; the clock moves on past the budget.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    lookup.flush().unwrap();
+    assert_eq!(lookup.lookup(&1, &a), Verdict::Miss);
+    assert_eq!(lookup.stats().deadline_misses, 1);
+    release.send(()).unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(
+        lookup.lookup(&1, &a).is_hit(),
+        "the late answer still resolves it"
+    );
+    assert_eq!(lookup.stats().late_answers, 1);
+}

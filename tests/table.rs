@@ -548,3 +548,226 @@ fn the_batched_lookup_is_the_single_lookup_key_by_key() {
         assert_eq!(state(&batched), state(&single), "key {key}");
     }
 }
+
+// ----- Bounds: deadlines (L13), admission (L14), unwanted groups (L15) -----
+
+fn bounded(limits: kvtier::lookup::LookupLimits) -> Table {
+    Table::with_limits(limits).expect("valid limits")
+}
+
+fn limits() -> kvtier::lookup::LookupLimits {
+    kvtier::lookup::LookupLimits::default()
+}
+
+#[test]
+fn an_overdue_key_is_a_miss_and_its_late_answer_still_serves_later_lookups() {
+    let mut table = bounded(limits().pending_steps(Some(2)));
+    let a = req("a");
+    assert!(table.lookup(&4, &a).is_pending()); // step 0
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    assert!(
+        table.lookup(&4, &a).is_pending(),
+        "step 1: within the budget"
+    );
+    assert!(table.take_submission().is_none());
+    // Step 2: two steps ended unanswered.
+    assert_eq!(table.lookup(&4, &a), Verdict::Miss);
+    assert_eq!(table.key_state(&4).unwrap().phase, Phase::Overdue);
+    assert_eq!(table.stats().deadline_misses, 1);
+    // The probe went on; its answer resolves the key for later lookups.
+    table.apply(group.answered([true]));
+    assert!(table.lookup(&4, &a).is_hit());
+    assert_eq!(table.stats().late_answers, 1);
+    table.cleanup(&a);
+    assert!(table.is_empty());
+    assert_clean(&table);
+}
+
+#[test]
+fn the_time_budget_counts_from_the_start_of_the_step_that_asked() {
+    use std::time::{Duration, Instant};
+    let ms = Duration::from_millis;
+    let t0 = Instant::now();
+    let mut table = bounded(limits().pending_time(Some(ms(100))));
+    let a = req("a");
+    assert!(table.take_submission_at(t0).is_none()); // step 1 starts at t0
+    table.lookup(&4, &a);
+    // The step runs long: the key is handed over only at t0 + 60 ms, and
+    // then queued behind slower groups; its budget counts from t0.
+    let group = table.take_submission_at(t0 + ms(60)).unwrap();
+    assert!(table.lookup(&4, &a).is_pending());
+    assert!(table.take_submission_at(t0 + ms(99)).is_none());
+    assert!(
+        table.lookup(&4, &a).is_pending(),
+        "99 ms: within the budget"
+    );
+    assert!(table.take_submission_at(t0 + ms(100)).is_none());
+    assert_eq!(
+        table.lookup(&4, &a),
+        Verdict::Miss,
+        "100 ms after its step started"
+    );
+    drop(group);
+    assert_clean(&table);
+}
+
+#[test]
+fn a_late_answer_of_an_older_generation_stays_stale_after_the_deadline() {
+    let mut table = bounded(limits().pending_steps(Some(1)));
+    let (a, b) = (req("a"), req("b"));
+    table.lookup(&4, &a);
+    let old = table.take_submission().unwrap().into_groups().remove(0);
+    assert_eq!(table.lookup(&4, &a), Verdict::Miss);
+    // The request gives up the overdue key: nothing of it stays behind.
+    table.cleanup(&a);
+    assert!(
+        table.is_empty(),
+        "an overdue key without requesters is removed"
+    );
+    // A new request asks: a new generation with a probe of its own.
+    assert!(table.lookup(&4, &b).is_pending());
+    let new = table.take_submission().unwrap().into_groups().remove(0);
+    table.apply(old.answered([true])); // late, and for the old generation
+    assert_eq!(table.stats().stale_results, 1);
+    assert_eq!(table.key_state(&4).unwrap().phase, Phase::Overdue);
+    assert_eq!(
+        table.lookup(&4, &b),
+        Verdict::Miss,
+        "no hit from the old answer"
+    );
+    table.apply(new.answered([false]));
+    assert_eq!(table.lookup(&4, &b), Verdict::Miss);
+    table.cleanup(&b);
+    assert!(table.is_empty());
+    assert_clean(&table);
+}
+
+#[test]
+fn admission_sheds_new_keys_beyond_the_bounds_and_keeps_no_state_for_them() {
+    let mut table = bounded(limits().max_outstanding_keys(2));
+    let a = req("a");
+    assert!(table.lookup(&1, &a).is_pending());
+    assert!(table.lookup(&2, &a).is_pending());
+    assert_eq!(table.lookup(&3, &a), Verdict::Miss, "no room: shed");
+    assert!(table.key_state(&3).is_none());
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    assert_eq!(table.outstanding_keys(), 2);
+    assert_eq!(table.lookup(&3, &a), Verdict::Miss, "still no room");
+    assert!(table.lookup(&1, &a).is_pending(), "known keys are not shed");
+    // The answer frees the room.
+    table.apply(group.answered([true, true]));
+    assert_eq!(table.outstanding_keys(), 0);
+    assert!(table.lookup(&3, &a).is_pending());
+    assert_eq!(table.stats().shed, 2);
+    table.cleanup(&a);
+    let _ = table.take_submission();
+    assert_clean(&table);
+}
+
+#[test]
+fn admission_bounds_the_groups_of_requests_too() {
+    let mut table = bounded(limits().max_outstanding_groups(1));
+    let (a, b) = (req("a"), req("b"));
+    assert!(table.lookup(&1, &a).is_pending());
+    assert_eq!(table.lookup(&2, &b), Verdict::Miss, "a second group: shed");
+    assert!(table.lookup(&3, &a).is_pending(), "a's group has room");
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    assert_eq!(
+        table.lookup(&2, &b),
+        Verdict::Miss,
+        "a's group is still out"
+    );
+    table.apply(group.answered([false, false]));
+    assert!(table.lookup(&2, &b).is_pending());
+    assert_eq!(table.stats().shed, 2);
+    // The shed request is registered like any other until cleaned up.
+    table.cleanup(&a);
+    table.cleanup(&b);
+    let _ = table.take_submission();
+    assert!(table.is_empty());
+    assert_clean(&table);
+}
+
+#[test]
+fn a_group_whose_keys_all_lost_their_requests_is_given_up_unprobed() {
+    let mut table = Table::new();
+    let (a, b) = (req("a"), req("b"));
+    table.lookup(&1, &a);
+    table.lookup(&2, &a);
+    table.lookup(&3, &b);
+    let mut groups = table.take_submission().unwrap().into_groups();
+    let b_group = groups.pop().unwrap();
+    let a_group = groups.pop().unwrap();
+    table.cleanup(&a);
+    assert!(!a_group.claim(), "nobody wants a's answers any more");
+    assert!(b_group.claim(), "b is still waiting");
+    table.apply(a_group.abandoned());
+    assert_eq!(table.stats().abandoned, 1);
+    assert_eq!(table.len(), 1, "a's orphans are gone");
+    table.apply(b_group.answered([true]));
+    assert!(table.lookup(&3, &b).is_hit());
+    assert_clean(&table);
+}
+
+#[test]
+fn a_request_joining_an_orphan_before_the_claim_keeps_its_probe() {
+    let mut table = Table::new();
+    let (a, b) = (req("a"), req("b"));
+    table.lookup(&1, &a);
+    table.lookup(&2, &a);
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    table.cleanup(&a);
+    assert!(
+        table.lookup(&2, &b).is_pending(),
+        "b shares the probe in flight"
+    );
+    assert!(table.take_submission().is_none(), "no second probe");
+    assert!(group.claim(), "b wants key 2");
+    table.apply(group.answered([true, true]));
+    assert!(table.lookup(&2, &b).is_hit());
+    assert_eq!(table.len(), 1, "key 1's orphan went with the answer");
+    assert_clean(&table);
+}
+
+#[test]
+fn a_request_joining_a_probe_already_given_up_gets_a_new_one() {
+    let mut table = Table::new();
+    let (a, b) = (req("a"), req("b"));
+    table.lookup(&1, &a);
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    table.cleanup(&a);
+    assert!(!group.claim());
+    // The prober gave up; its result is not applied yet when b asks.
+    assert!(table.lookup(&1, &b).is_pending());
+    let again = table.take_submission().expect("a new probe for b");
+    assert_eq!(again.groups()[0].keys(), &[1]);
+    table.apply(group.abandoned());
+    assert_eq!(
+        table.stats().stale_results,
+        1,
+        "the given-up probe is stale"
+    );
+    assert!(
+        table.lookup(&1, &b).is_pending(),
+        "b waits for its own probe"
+    );
+    for group in again.into_groups() {
+        assert!(group.claim());
+        table.apply(group.answered([true]));
+    }
+    assert!(table.lookup(&1, &b).is_hit());
+    assert_clean(&table);
+}
+
+#[test]
+fn without_skipping_every_group_is_claimed() {
+    let mut table = bounded(limits().skip_unwanted(false));
+    let a = req("a");
+    table.lookup(&1, &a);
+    let group = table.take_submission().unwrap().into_groups().remove(0);
+    table.cleanup(&a);
+    assert!(group.claim());
+    table.apply(group.answered([true]));
+    assert_eq!(table.stats().orphans_dropped, 1);
+    assert!(table.is_empty());
+}

@@ -500,3 +500,37 @@ fn shutdown_hands_back_the_final_table() {
     assert_eq!(final_table.stats().groups_applied, 1);
     assert_eq!(final_table.len(), 1);
 }
+
+#[test]
+fn a_queued_group_whose_request_was_cleaned_up_is_not_probed() {
+    watchdog(|| {
+        let gate = Arc::new(Notify::new());
+        let (backend, started) = backend(&[("slow", Act::Gated(gate.clone()))]);
+        let config = TokioConfig::default()
+            .max_concurrent_groups(1)
+            .group_timeout(None);
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        driver.record_applied(true);
+        let (slow, gone) = (req("slow"), req("gone"));
+        driver.lookup(&2, &slow);
+        driver.lookup(&4, &gone);
+        driver.flush().unwrap();
+        assert_eq!(started.recv().unwrap(), "slow");
+        // "gone" waits behind "slow" and is cleaned up while it waits.
+        driver.cleanup(&gone);
+        gate.notify_one();
+        driver.wait_idle().unwrap();
+        assert!(
+            started.try_iter().next().is_none(),
+            "the backend was called for a group nobody wants"
+        );
+        assert_eq!(
+            driver.take_applied(),
+            [(0, GroupOutcome::Answered), (1, GroupOutcome::Abandoned)]
+        );
+        assert_eq!(driver.stats().abandoned, 1);
+        assert!(driver.lookup(&2, &slow).is_hit());
+        driver.cleanup(&slow);
+        assert!(driver.shutdown().unwrap().is_empty());
+    });
+}

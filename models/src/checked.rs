@@ -13,11 +13,11 @@
 
 use std::collections::VecDeque;
 
-use kvtier::lookup::{LookupStats, ThreadLookup};
+use kvtier::lookup::{GroupOutcome, LookupStats, ThreadLookup};
 use kvtier::{Ticket, Verdict};
 
 use crate::conformance::{check_state, check_verdict};
-use crate::reference::{Key, ModelGroup, Reference, Req};
+use crate::reference::{Key, ModelGroup, ModelLimits, Reference, Req};
 use crate::scripted::{Fault, Script};
 
 /// The driver under test.
@@ -48,26 +48,35 @@ pub struct CheckedDriver {
     state: State,
     spec: Reference,
     script: Script,
-    /// Submitted groups the driver has not applied yet, oldest first, each
-    /// with the backend call number that answers it.
-    unapplied: VecDeque<(u64, ModelGroup)>,
-    next_call: u64,
-    applied: u64,
+    /// Submitted groups the driver has not applied yet, oldest first.
+    unapplied: VecDeque<ModelGroup>,
+    /// Backend calls made so far: the worker calls the backend for its
+    /// groups in order, except those it gives up (L15).
+    calls: u64,
     faults: FaultCounts,
     tickets: Vec<Ticket<Key>>,
 }
 
 impl CheckedDriver {
-    /// Starts a driver whose backend follows `script`.
+    /// Starts a driver whose backend follows `script`, with the default
+    /// bounds.
     pub fn new(script: Script) -> Self {
-        let driver = ThreadLookup::threaded(script.backend()).expect("start the lookup worker");
+        Self::with_limits(script, ModelLimits::default())
+    }
+
+    /// Starts a driver whose backend follows `script`, with these bounds.
+    pub fn with_limits(script: Script, limits: ModelLimits) -> Self {
+        let mut driver = ThreadLookup::threaded(script.backend()).expect("start the lookup worker");
+        driver
+            .set_limits(limits.to_real())
+            .expect("valid model limits");
+        driver.record_applied(true);
         Self {
             state: State::Open(driver),
-            spec: Reference::new(),
+            spec: Reference::with_limits(limits),
             script,
             unapplied: VecDeque::new(),
-            next_call: 0,
-            applied: 0,
+            calls: 0,
             faults: FaultCounts::default(),
             tickets: Vec::new(),
         }
@@ -78,6 +87,7 @@ impl CheckedDriver {
     pub fn lookup(&mut self, key: Key, req: Req) -> Verdict<Key> {
         let real = self.driver().lookup(&key, &req);
         self.catch_up();
+        self.notice_given_up(key);
         let expected = self.spec.lookup(key, req);
         if let Err(why) = check_verdict(&real, expected) {
             panic!("lookup({key}, {req}): {why}");
@@ -96,10 +106,7 @@ impl CheckedDriver {
         let groups = self.spec.take_submission();
         let expected: usize = groups.iter().map(|(_, entries)| entries.len()).sum();
         assert_eq!(handed, expected, "flush handed over {handed} keys");
-        for group in groups {
-            self.unapplied.push_back((self.next_call, group));
-            self.next_call += 1;
-        }
+        self.unapplied.extend(groups);
         self.check("flush");
         handed
     }
@@ -230,20 +237,32 @@ impl CheckedDriver {
     }
 
     /// Applies to the specification the groups the driver has applied since
-    /// the last call, in submission order.
+    /// the last call, in the order it applied them (submission order): a
+    /// group the worker gave up as unwanted, which the specification must
+    /// agree nobody wanted, or the next backend call's answers.
     fn catch_up(&mut self) {
-        let applied = self.table().stats().groups_applied;
-        assert!(applied >= self.applied, "groups_applied went backwards");
-        for _ in self.applied..applied {
-            let (call, (_, entries)) = self
+        let applied = match &mut self.state {
+            State::Open(driver) => driver.take_applied(),
+            State::Closed(table) => table.take_applied(),
+        };
+        for (_, outcome) in applied {
+            let (_, entries) = self
                 .unapplied
                 .pop_front()
                 .expect("the driver applied a group that was never submitted");
+            if outcome == GroupOutcome::Abandoned {
+                assert!(
+                    !self.spec.claim(&entries),
+                    "the worker gave up {entries:?}, which a request still wanted"
+                );
+                self.spec.apply_group(&entries, &[], true);
+                continue;
+            }
+            let call = self.calls;
+            self.calls += 1;
             let keys: Vec<Key> = entries.iter().map(|&(key, _)| key).collect();
             let found = self.script.expected(&keys, call);
-            for (&(key, generation), found) in entries.iter().zip(found) {
-                self.spec.apply(key, generation, found);
-            }
+            self.spec.apply_group(&entries, &found, false);
             match self.script.fault(call) {
                 Fault::None => {}
                 Fault::Error => self.faults.errors += 1,
@@ -252,12 +271,44 @@ impl CheckedDriver {
                 Fault::Surplus => self.faults.surplus += 1,
             }
         }
-        self.applied = applied;
+    }
+
+    /// A lookup of `key` just joined, or failed to join, an orphan: if the
+    /// real table started a new generation where the specification still
+    /// has the orphan, the worker had given the orphan's group up (its
+    /// result is still on its way), and the specification must agree that
+    /// nobody wanted it.
+    fn notice_given_up(&mut self, key: Key) {
+        let Some(generation) = self.spec.orphan(key) else {
+            return;
+        };
+        if self
+            .table()
+            .key_state(&key)
+            .is_some_and(|state| state.generation.get() == generation)
+        {
+            return; // joined
+        }
+        let (_, entries) = self
+            .unapplied
+            .iter()
+            .find(|(_, entries)| entries.contains(&(key, generation)))
+            .expect("an orphan in flight is in an unapplied group")
+            .clone();
+        assert!(
+            !self.spec.claim(&entries),
+            "a join of key {key} found {entries:?} given up, which a request still wanted"
+        );
     }
 
     fn check(&self, after: &str) {
         if let Err(why) = check_state(self.table(), &self.spec) {
-            panic!("after {after}: {why}");
+            let real: Vec<_> = (0..8).map(|k| (k, self.table().key_state(&k))).collect();
+            panic!(
+                "after {after}: {why}\nspec {:?}\nreal {real:?}\nstats {:?}",
+                self.spec.keys,
+                self.table().stats()
+            );
         }
         let stats = self.table().stats();
         let seen = FaultCounts {

@@ -230,6 +230,7 @@ impl CheckedTasks {
     pub fn lookup(&mut self, key: Key, req: Req) {
         let real = self.driver().lookup(&key, &req);
         self.catch_up();
+        self.notice_given_up(key);
         let expected = self.spec.lookup(key, req);
         if let Err(why) = check_verdict(&real, expected) {
             panic!("lookup({key}, {req}): {why}");
@@ -390,6 +391,9 @@ impl CheckedTasks {
                 (Act::Short, GroupOutcome::Short { answered }) => answered == entries.len() / 2,
                 (Act::Slow | Act::Hang, GroupOutcome::TimedOut) => self.setup.timeout,
                 (_, GroupOutcome::Cancelled) => self.shutting_down,
+                // L15: given up unprobed, which the specification must
+                // agree nobody wanted.
+                (_, GroupOutcome::Abandoned) => !self.spec.claim(&entries),
                 _ => false,
             };
             assert!(
@@ -401,10 +405,11 @@ impl CheckedTasks {
                 GroupOutcome::Short { answered } => answered,
                 _ => 0,
             };
-            for (i, &(key, generation)) in entries.iter().enumerate() {
-                self.spec
-                    .apply(key, generation, i < answered && stored(key, req));
-            }
+            let found: Vec<bool> = (0..entries.len())
+                .map(|i| i < answered && stored(entries[i].0, req))
+                .collect();
+            self.spec
+                .apply_group(&entries, &found, outcome == GroupOutcome::Abandoned);
             let counts = &mut self.counts;
             match outcome {
                 GroupOutcome::BackendError => counts.errors += 1,
@@ -415,6 +420,32 @@ impl CheckedTasks {
                 _ => {}
             }
         }
+    }
+
+    /// A lookup of `key` found an orphan's probe given up (the real table
+    /// started a new generation where the specification still has the
+    /// orphan): the specification must agree that nobody wanted its group.
+    fn notice_given_up(&mut self, key: Key) {
+        let Some(generation) = self.spec.orphan(key) else {
+            return;
+        };
+        if self
+            .table()
+            .key_state(&key)
+            .is_some_and(|state| state.generation.get() == generation)
+        {
+            return; // joined
+        }
+        let entries = self
+            .unapplied
+            .values()
+            .find(|(_, entries)| entries.contains(&(key, generation)))
+            .map(|(_, entries)| entries.clone())
+            .expect("an orphan in flight is in an unapplied group");
+        assert!(
+            !self.spec.claim(&entries),
+            "a join of key {key} found {entries:?} given up, which a request still wanted"
+        );
     }
 
     fn check(&self, after: &str) {

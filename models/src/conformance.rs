@@ -28,8 +28,10 @@ pub fn check_verdict(real: &Verdict<Key>, expected: Expected) -> Result<(), Stri
 /// Checks that the table tracks exactly the specification's keys, each in
 /// the same generation and phase with the same number of requesters, the same
 /// live requests, every counter the specification determines (lookups and
-/// their verdicts, submissions, stale answers, orphans, marked misses), no
-/// anomaly, and intact internal invariants.
+/// their verdicts, submissions, stale answers, orphans, marked misses,
+/// deadline misses, late answers, shed keys, abandoned groups, what is
+/// outstanding), no anomaly, and intact internal invariants (which include
+/// the admission bounds).
 pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
     table.check_invariants().map_err(|why| why.to_string())?;
     if table.len() != spec.keys.len() {
@@ -46,6 +48,7 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         let phase = match real.phase {
             RealPhase::Pending => Phase::Pending,
             RealPhase::InFlight => Phase::InFlight,
+            RealPhase::Overdue => Phase::Overdue,
             RealPhase::Resolved { found } => Phase::Resolved(found),
         };
         if real.generation.get() != model.generation
@@ -75,6 +78,12 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         stats.stale_results,
         stats.orphans_dropped,
         stats.marked_miss,
+        stats.deadline_misses,
+        stats.late_answers,
+        stats.shed,
+        stats.abandoned,
+        table.outstanding_keys() as u64,
+        table.outstanding_groups() as u64,
     ];
     let c = spec.counts;
     let expected = [
@@ -87,11 +96,18 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         c.stale_results,
         c.orphans_dropped,
         c.marked_miss,
+        c.deadline_misses,
+        c.late_answers,
+        c.shed,
+        c.abandoned,
+        spec.outstanding_keys as u64,
+        spec.outstanding_groups as u64,
     ];
     if counts != expected {
         return Err(format!(
             "counters (lookups, hits, misses, pending, keys submitted, groups submitted, \
-             stale, orphans, marked miss): table {counts:?}, specification {expected:?}"
+             stale, orphans, marked miss, deadline misses, late answers, shed, abandoned, \
+             outstanding keys, outstanding groups): table {counts:?}, specification {expected:?}"
         ));
     }
     if stats.anomalies != 0 {

@@ -5,8 +5,10 @@
 use arbitrary::Arbitrary;
 use kvtier::{Ticket, Verdict, lookup::Group};
 
+use std::time::{Duration, Instant};
+
 use crate::conformance::{Table, check_state, check_verdict};
-use crate::reference::{Key, Reference, Req};
+use crate::reference::{Key, ModelLimits, Reference, Req};
 
 /// One operation on the table. Numbers are reduced into the run's domains
 /// (keys, requests, unanswered groups, tickets handed out), so any value is
@@ -23,6 +25,18 @@ pub enum TableOp {
     },
     /// `take_submission()`.
     Flush,
+    /// `take_submission_at(now)`, `advance` ticks (milliseconds) after the
+    /// last timed flush.
+    FlushAt {
+        /// Time passed since the last timed flush.
+        advance: u8,
+    },
+    /// The prober's [`Group::claim`] on an unanswered group; a group it
+    /// gives up is answered `abandoned` at once.
+    Claim {
+        /// Which unanswered group.
+        group: u8,
+    },
     /// Answers an unanswered group, in any order: answer `i` is bit `i` of
     /// `bits`; `count` answers are given (modulo the group's length + 2, so
     /// short and surplus answers happen).
@@ -51,27 +65,42 @@ pub enum TableOp {
     },
 }
 
+/// A group's `(key, generation)` entries, as the specification has them.
+type Entries = Vec<(Key, u64)>;
+
 /// A table and the specification side by side.
 pub struct Lockstep {
     table: Table,
     spec: Reference,
     keys: u64,
     requests: u64,
-    /// Submitted groups not answered yet, in submission order.
-    unanswered: Vec<Group<Key, Req>>,
+    /// Submitted groups not answered yet, in submission order, with their
+    /// `(key, generation)` entries.
+    unanswered: Vec<(Group<Key, Req>, Entries)>,
     tickets: Vec<Ticket<Key>>,
+    /// The clock of timed flushes: tick 0 and the current tick.
+    epoch: Instant,
+    now: u64,
 }
 
 impl Lockstep {
-    /// An empty table over `keys` keys and `requests` requests (both ≥ 1).
+    /// An empty table over `keys` keys and `requests` requests (both ≥ 1),
+    /// with the default bounds.
     pub fn new(keys: u64, requests: u64) -> Self {
+        Self::with_limits(keys, requests, ModelLimits::default())
+    }
+
+    /// An empty table with these bounds (which must be valid).
+    pub fn with_limits(keys: u64, requests: u64, limits: ModelLimits) -> Self {
         Self {
-            table: Table::new(),
-            spec: Reference::new(),
+            table: Table::with_limits(limits.to_real()).expect("valid model limits"),
+            spec: Reference::with_limits(limits),
             keys: keys.max(1),
             requests: requests.max(1),
             unanswered: Vec::new(),
             tickets: Vec::new(),
+            epoch: Instant::now(),
+            now: 0,
         }
     }
 
@@ -82,7 +111,14 @@ impl Lockstep {
 
     /// Length of the `index`-th unanswered group.
     pub fn group_len(&self, index: usize) -> usize {
-        self.unanswered.get(index).map_or(0, Group::len)
+        self.unanswered
+            .get(index)
+            .map_or(0, |(group, _)| group.len())
+    }
+
+    /// The table under test.
+    pub fn table(&self) -> &Table {
+        &self.table
     }
 
     /// Hit tickets handed out so far.
@@ -103,11 +139,33 @@ impl Lockstep {
                     self.tickets.push(ticket);
                 }
             }
-            TableOp::Flush => self.flush()?,
+            TableOp::Flush => self.flush(None)?,
+            TableOp::FlushAt { advance } => {
+                self.now += u64::from(*advance);
+                self.flush(Some(self.now))?;
+            }
+            TableOp::Claim { group } => {
+                if !self.unanswered.is_empty() {
+                    let index = usize::from(*group) % self.unanswered.len();
+                    let (real_group, entries) = &self.unanswered[index];
+                    let real = real_group.claim();
+                    let spec = self.spec.claim(entries);
+                    if real != spec {
+                        return Err(format!(
+                            "claim of {entries:?}: table {real}, specification {spec}"
+                        ));
+                    }
+                    if !real {
+                        let (group, entries) = self.unanswered.remove(index);
+                        self.table.apply(group.abandoned());
+                        self.spec.apply_group(&entries, &[], true);
+                    }
+                }
+            }
             TableOp::Answer { group, bits, count } => {
                 if !self.unanswered.is_empty() {
                     let index = usize::from(*group) % self.unanswered.len();
-                    let len = self.unanswered[index].len();
+                    let len = self.group_len(index);
                     let count = usize::from(*count) % (len + 2);
                     let answers = (0..count).map(|i| i < 16 && bits & (1 << i) != 0);
                     self.answer(index, answers.collect())?;
@@ -148,13 +206,13 @@ impl Lockstep {
 
     /// Cleans every request up and answers every group: nothing may remain.
     pub fn finish(&mut self) -> Result<(), String> {
-        self.flush()?;
+        self.flush(None)?;
         for req in 0..self.requests {
             self.table.cleanup(&req);
             self.spec.cleanup(req);
         }
         while !self.unanswered.is_empty() {
-            let len = self.unanswered[0].len();
+            let len = self.group_len(0);
             self.answer(0, vec![true; len])?;
         }
         check_state(&self.table, &self.spec)?;
@@ -164,13 +222,15 @@ impl Lockstep {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
-        let expected = self.spec.take_submission();
-        let real: Vec<Group<Key, Req>> = self
-            .table
-            .take_submission()
-            .map(|s| s.into_groups())
-            .unwrap_or_default();
+    fn flush(&mut self, now: Option<u64>) -> Result<(), String> {
+        let expected = self.spec.take_submission_at(now);
+        let submission = match now {
+            Some(tick) => self
+                .table
+                .take_submission_at(self.epoch + Duration::from_millis(tick)),
+            None => self.table.take_submission(),
+        };
+        let real: Vec<Group<Key, Req>> = submission.map(|s| s.into_groups()).unwrap_or_default();
         let seen: Vec<(Req, Vec<Key>)> = real
             .iter()
             .map(|g| (*g.request(), g.keys().to_vec()))
@@ -185,14 +245,15 @@ impl Lockstep {
         if real.iter().any(Group::is_empty) {
             return Err(format!("an empty group was submitted: {seen:?}"));
         }
-        self.unanswered.extend(real);
+        self.unanswered
+            .extend(real.into_iter().zip(expected.into_iter().map(|(_, e)| e)));
         Ok(())
     }
 
     /// Answers one unanswered group; `answers` may be short (the rest miss)
     /// or long (the surplus is ignored).
     fn answer(&mut self, index: usize, answers: Vec<bool>) -> Result<(), String> {
-        let group = self.unanswered.remove(index);
+        let (group, model_entries) = self.unanswered.remove(index);
         let result = group.answered(answers.iter().copied());
         // The specification's answer for key i: answer i if given, else a miss.
         let entries: Vec<(Key, u64, bool)> = result
@@ -206,11 +267,14 @@ impl Lockstep {
         if let Some((key, ..)) = entries.iter().find(|(_, _, agrees)| !agrees) {
             return Err(format!("answers {answers:?}: key {key} got the wrong one"));
         }
-        self.table.apply(result);
-        for (i, (key, generation, _)) in entries.into_iter().enumerate() {
-            self.spec
-                .apply(key, generation, answers.get(i).copied().unwrap_or(false));
+        let submitted: Vec<(Key, u64)> = entries.iter().map(|&(k, g, _)| (k, g)).collect();
+        if submitted != model_entries {
+            return Err(format!(
+                "group entries {submitted:?}, specification {model_entries:?}"
+            ));
         }
+        self.table.apply(result);
+        self.spec.apply_group(&model_entries, &answers, false);
         Ok(())
     }
 }

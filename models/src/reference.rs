@@ -3,8 +3,11 @@
 //!
 //! Deliberately unlike the real table: ordered maps instead of hash maps, no
 //! reverse index (cleanup scans every key), the step's batch as a flat list
-//! grouped only when it is taken. Only the observable behaviour is shared:
-//! verdicts, submissions, key states and the counters that follow from them.
+//! grouped only when it is taken, a deadline checked key by key (the table
+//! moves a watermark), admission counted from the groups handed out, and
+//! whether a group is wanted decided by looking at its keys (the table keeps
+//! a counter). Only the observable behaviour is shared: verdicts,
+//! submissions, key states and the counters that follow from them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,6 +23,8 @@ pub enum Phase {
     Pending,
     /// Submitted, no answer applied yet.
     InFlight,
+    /// In flight past its pending budget.
+    Overdue,
     /// Answered.
     Resolved(bool),
 }
@@ -44,6 +49,51 @@ pub struct KeyModel {
     pub phase: Phase,
     /// Live requests that asked for it.
     pub requesters: BTreeSet<Req>,
+    /// The step that created it.
+    pub step: u64,
+    /// When that step started (set when the step ends), if known.
+    pub started: Option<u64>,
+}
+
+/// The bounds of [`LookupLimits`](kvtier::lookup::LookupLimits), with time
+/// in abstract ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Budget in steps.
+    pub pending_steps: Option<u64>,
+    /// Budget in ticks.
+    pub pending_time: Option<u64>,
+    /// Keys pending or handed out, at most.
+    pub max_keys: usize,
+    /// Groups pending or handed out, at most.
+    pub max_groups: usize,
+    /// Groups nobody wants are not probed.
+    pub skip_unwanted: bool,
+}
+
+impl Default for ModelLimits {
+    /// The table's defaults.
+    fn default() -> Self {
+        Self {
+            pending_steps: None,
+            pending_time: None,
+            max_keys: 1 << 20,
+            max_groups: 1 << 16,
+            skip_unwanted: true,
+        }
+    }
+}
+
+impl ModelLimits {
+    /// The same bounds for the real table, a tick being a millisecond.
+    pub fn to_real(self) -> kvtier::lookup::LookupLimits {
+        kvtier::lookup::LookupLimits::default()
+            .pending_steps(self.pending_steps)
+            .pending_time(self.pending_time.map(std::time::Duration::from_millis))
+            .max_outstanding_keys(self.max_keys)
+            .max_outstanding_groups(self.max_groups)
+            .skip_unwanted(self.skip_unwanted)
+    }
 }
 
 /// A submitted group: the request and its `(key, generation)` entries.
@@ -70,6 +120,14 @@ pub struct ModelCounts {
     pub orphans_dropped: u64,
     /// Hits turned into misses.
     pub marked_miss: u64,
+    /// Lookups answered a miss because the key was overdue.
+    pub deadline_misses: u64,
+    /// Answers that resolved an overdue key.
+    pub late_answers: u64,
+    /// New keys refused by admission.
+    pub shed: u64,
+    /// Groups given up unprobed.
+    pub abandoned: u64,
 }
 
 /// The specification's state.
@@ -80,20 +138,68 @@ pub struct Reference {
     next_generation: u64,
     /// This step's new keys, in lookup order.
     batch: Vec<(Req, Key, u64)>,
+    /// The bounds.
+    pub limits: ModelLimits,
+    /// Keys and groups handed out and not answered.
+    pub outstanding_keys: usize,
+    /// Groups handed out and not answered.
+    pub outstanding_groups: usize,
+    /// Steps ended so far.
+    steps: u64,
+    /// The time of the last timed flush.
+    step_started: Option<u64>,
+    /// `(key, generation)` of every probe a prober gave up.
+    given_up: BTreeSet<(Key, u64)>,
+    /// Requests that looked up a key which was shed: registered like any
+    /// request that asked, until cleaned up.
+    shed_requests: BTreeSet<Req>,
     /// Counters.
     pub counts: ModelCounts,
 }
 
 impl Reference {
-    /// An empty specification state.
+    /// An empty specification state with the table's default bounds.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_limits(ModelLimits::default())
     }
 
-    /// A lookup: an unknown key starts a new generation and is batched; the
-    /// request is recorded; the answer is whatever the key's phase says.
+    /// An empty specification state with these bounds.
+    pub fn with_limits(limits: ModelLimits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
+    }
+
+    /// A lookup: an orphan whose probe was given up or is overdue is
+    /// forgotten first; an unknown key starts a new generation and is
+    /// batched, if admission has room (else the answer is a miss and nothing
+    /// is kept); the request is recorded; the answer is whatever the key's
+    /// phase says.
     pub fn lookup(&mut self, key: Key, req: Req) -> Expected {
+        self.counts.lookups += 1;
+        if let Some(state) = self.keys.get(&key)
+            && state.requesters.is_empty()
+            && (state.phase == Phase::Overdue || self.given_up.contains(&(key, state.generation)))
+        {
+            self.keys.remove(&key);
+        }
         if !self.keys.contains_key(&key) {
+            let pending = self
+                .keys
+                .values()
+                .filter(|s| s.phase == Phase::Pending)
+                .count();
+            let batch_groups: BTreeSet<Req> = self.batch.iter().map(|&(r, _, _)| r).collect();
+            let room_for_key = pending + self.outstanding_keys < self.limits.max_keys;
+            let room_for_group = batch_groups.contains(&req)
+                || batch_groups.len() + self.outstanding_groups < self.limits.max_groups;
+            if !(room_for_key && room_for_group) {
+                self.shed_requests.insert(req);
+                self.counts.misses += 1;
+                self.counts.shed += 1;
+                return Expected::Miss;
+            }
             let generation = self.next_generation;
             self.next_generation += 1;
             self.keys.insert(
@@ -102,6 +208,8 @@ impl Reference {
                     generation,
                     phase: Phase::Pending,
                     requesters: BTreeSet::new(),
+                    step: self.steps,
+                    started: None,
                 },
             );
             self.batch.push((req, key, generation));
@@ -111,9 +219,11 @@ impl Reference {
         let expected = match state.phase {
             Phase::Pending | Phase::InFlight => Expected::Pending,
             Phase::Resolved(true) => Expected::Hit(state.generation),
-            Phase::Resolved(false) => Expected::Miss,
+            Phase::Resolved(false) | Phase::Overdue => Expected::Miss,
         };
-        self.counts.lookups += 1;
+        if state.phase == Phase::Overdue {
+            self.counts.deadline_misses += 1;
+        }
         match expected {
             Expected::Hit(_) => self.counts.hits += 1,
             Expected::Miss => self.counts.misses += 1,
@@ -126,6 +236,30 @@ impl Reference {
     /// request; groups are ordered by the request's first new key of the step
     /// (even if that key was cleaned up since), and empty groups are dropped.
     pub fn take_submission(&mut self) -> Vec<ModelGroup> {
+        self.take_submission_at(None)
+    }
+
+    /// [`take_submission`](Self::take_submission) for a step ending at
+    /// tick `now` (if the flush says): then every in-flight key whose step
+    /// ended `pending_steps` steps ago, or started `pending_time` ticks ago,
+    /// is overdue.
+    pub fn take_submission_at(&mut self, now: Option<u64>) -> Vec<ModelGroup> {
+        let started = self.step_started.or(now);
+        if now.is_some() {
+            self.step_started = now;
+        }
+        let this_step = self.steps;
+        self.steps += 1;
+        for state in self.keys.values_mut() {
+            if state.step == this_step && state.phase == Phase::Pending {
+                state.started = started;
+            }
+            // Keys of steps that ended before any flush said the time count
+            // from the first one that does.
+            if state.started.is_none() && state.step < this_step {
+                state.started = now;
+            }
+        }
         let mut groups: Vec<ModelGroup> = Vec::new();
         for (req, key, generation) in std::mem::take(&mut self.batch) {
             let index = match groups.iter().position(|(r, _)| *r == req) {
@@ -145,13 +279,73 @@ impl Reference {
             }
         }
         groups.retain(|(_, entries)| !entries.is_empty());
+        let keys: usize = groups.iter().map(|(_, e)| e.len()).sum();
         self.counts.groups_submitted += groups.len() as u64;
-        self.counts.keys_submitted += groups.iter().map(|(_, e)| e.len() as u64).sum::<u64>();
+        self.counts.keys_submitted += keys as u64;
+        self.outstanding_groups += groups.len();
+        self.outstanding_keys += keys;
+        let (steps, limits) = (self.steps, self.limits);
+        for state in self.keys.values_mut() {
+            let by_steps = limits
+                .pending_steps
+                .is_some_and(|budget| steps - state.step >= budget);
+            let by_time = match (limits.pending_time, state.started, now) {
+                (Some(budget), Some(started), Some(now)) => now - started >= budget,
+                _ => false,
+            };
+            if state.phase == Phase::InFlight && (by_steps || by_time) {
+                state.phase = Phase::Overdue;
+            }
+        }
         groups
     }
 
+    /// Whether the prober probes the group with these entries: yes, unless
+    /// unwanted groups are skipped and none of its keys still has a
+    /// requester in the generation it was submitted for, or it was given up
+    /// before (given up for good, then).
+    pub fn claim(&mut self, entries: &[(Key, u64)]) -> bool {
+        if !self.limits.skip_unwanted {
+            return true;
+        }
+        if entries.iter().any(|entry| self.given_up.contains(entry)) {
+            return false;
+        }
+        let wanted = entries.iter().any(|(key, generation)| {
+            self.keys
+                .get(key)
+                .is_some_and(|s| s.generation == *generation && !s.requesters.is_empty())
+        });
+        if !wanted {
+            self.given_up.extend(entries.iter().copied());
+        }
+        wanted
+    }
+
+    /// The generation of `key`'s state if it is an orphan still in flight:
+    /// a probe a prober may give up (see [`claim`](Self::claim)).
+    pub fn orphan(&self, key: Key) -> Option<u64> {
+        self.keys
+            .get(&key)
+            .filter(|s| s.requesters.is_empty() && s.phase == Phase::InFlight)
+            .map(|s| s.generation)
+    }
+
+    /// A group's result arriving: answer `i` for entry `i` (a miss where
+    /// `found` is short); `abandoned` when the prober gave it up.
+    pub fn apply_group(&mut self, entries: &[(Key, u64)], found: &[bool], abandoned: bool) {
+        self.outstanding_groups -= 1;
+        self.outstanding_keys -= entries.len();
+        if abandoned {
+            self.counts.abandoned += 1;
+        }
+        for (i, &(key, generation)) in entries.iter().enumerate() {
+            self.apply(key, generation, found.get(i).copied().unwrap_or(false));
+        }
+    }
+
     /// One answer arriving for `(key, generation)`.
-    pub fn apply(&mut self, key: Key, generation: u64, found: bool) {
+    fn apply(&mut self, key: Key, generation: u64, found: bool) {
         let Some(state) = self.keys.get_mut(&key) else {
             self.counts.stale_results += 1;
             return;
@@ -160,15 +354,17 @@ impl Reference {
             self.counts.stale_results += 1;
             return;
         }
-        assert_eq!(
-            state.phase,
-            Phase::InFlight,
+        assert!(
+            matches!(state.phase, Phase::InFlight | Phase::Overdue),
             "spec: one answer per submitted generation"
         );
         if state.requesters.is_empty() {
             self.keys.remove(&key);
             self.counts.orphans_dropped += 1;
         } else {
+            if state.phase == Phase::Overdue {
+                self.counts.late_answers += 1;
+            }
             state.phase = Phase::Resolved(found);
         }
     }
@@ -202,20 +398,27 @@ impl Reference {
         changed
     }
 
-    /// A request ends: it leaves every key; keys left alone go, unless in flight.
+    /// A request ends: it leaves every key; keys it leaves alone go, unless
+    /// in flight and not overdue.
     pub fn cleanup(&mut self, req: Req) {
-        for state in self.keys.values_mut() {
-            state.requesters.remove(&req);
-        }
-        self.keys
-            .retain(|_, state| !state.requesters.is_empty() || state.phase == Phase::InFlight);
+        self.shed_requests.remove(&req);
+        // Only the keys the request leaves: an orphan that went overdue
+        // after its requests left stays until its answer (or a new lookup)
+        // removes it.
+        self.keys.retain(|_, state| {
+            !state.requesters.remove(&req)
+                || !state.requesters.is_empty()
+                || state.phase == Phase::InFlight
+        });
     }
 
-    /// Live requests: those holding at least one key.
+    /// Live requests: those holding at least one key, and those whose
+    /// lookups were shed.
     pub fn requests(&self) -> BTreeSet<Req> {
         self.keys
             .values()
             .flat_map(|s| s.requesters.iter().copied())
+            .chain(self.shed_requests.iter().copied())
             .collect()
     }
 }

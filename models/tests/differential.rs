@@ -8,6 +8,7 @@
 //! with shrinking; this test adds volume and long sequences.
 
 use kvtier_models::lockstep::{Lockstep, TableOp};
+use kvtier_models::reference::ModelLimits;
 
 /// splitmix64: tiny, good enough to pick operations.
 struct Rng(u64);
@@ -38,8 +39,11 @@ fn next_op(rng: &mut Rng, run: &Lockstep) -> TableOp {
             key: rng.byte(),
             req: rng.byte(),
         },
-        45..=59 => TableOp::Flush,
-        60..=74 if run.unanswered() > 0 => {
+        45..=52 => TableOp::Flush,
+        53..=59 => TableOp::FlushAt {
+            advance: rng.below(4) as u8,
+        },
+        60..=73 if run.unanswered() > 0 => {
             let group = rng.below(run.unanswered() as u64) as u8;
             let len = run.group_len(usize::from(group)) as u64;
             let count = if rng.below(5) == 0 {
@@ -53,7 +57,8 @@ fn next_op(rng: &mut Rng, run: &Lockstep) -> TableOp {
                 count: count as u8,
             }
         }
-        75..=82 if run.tickets() > 0 => TableOp::MarkMiss { ticket: rng.byte() },
+        74..=80 if run.unanswered() > 0 => TableOp::Claim { group: rng.byte() },
+        81..=82 if run.tickets() > 0 => TableOp::MarkMiss { ticket: rng.byte() },
         83..=86 => TableOp::MarkMissKeys {
             keys: (0..rng.below(3) + 1).map(|_| rng.byte()).collect(),
         },
@@ -62,14 +67,25 @@ fn next_op(rng: &mut Rng, run: &Lockstep) -> TableOp {
 }
 
 fn run(seed: u64, ops: usize, keys: u64, requests: u64) {
+    run_with(seed, ops, keys, requests, ModelLimits::default());
+}
+
+/// One sequence; returns the table's final counters.
+fn run_with(
+    seed: u64,
+    ops: usize,
+    keys: u64,
+    requests: u64,
+    limits: ModelLimits,
+) -> kvtier::lookup::LookupStats {
     let mut rng = Rng(seed);
-    let mut run = Lockstep::new(keys, requests);
+    let mut run = Lockstep::with_limits(keys, requests, limits);
     let mut trace = Vec::new();
     for i in 0..ops {
         let op = next_op(&mut rng, &run);
         if let Err(error) = run.apply(&op) {
             panic!(
-                "seed {seed}, operation {i} ({op:?}): {error}\nreplay with KVTIER_DIFF_SEED={seed}\ntrace: {trace:#?}"
+                "seed {seed}, operation {i} ({op:?}): {error}\nreplay with KVTIER_DIFF_SEED={seed} (or KVTIER_DIFF_BOUNDED_SEED for the bounded test)\ntrace: {trace:#?}"
             );
         }
         trace.push(op);
@@ -77,6 +93,7 @@ fn run(seed: u64, ops: usize, keys: u64, requests: u64) {
     if let Err(error) = run.finish() {
         panic!("seed {seed}, at the end: {error}\nreplay with KVTIER_DIFF_SEED={seed}");
     }
+    run.table().stats()
 }
 
 #[test]
@@ -95,4 +112,51 @@ fn table_agrees_with_the_specification_on_random_sequences() {
     for seed in 10_000..10_000 + 100 / scale {
         run(seed, 2_000, 64, 16);
     }
+}
+
+/// Bounds tight enough that every rule of them is exercised many times per
+/// sequence: budgets of a few steps or ticks, room for a few keys and
+/// groups, with and without unwanted groups skipped.
+fn tight(seed: u64) -> ModelLimits {
+    let pick = |bits: u64, n: u64| (seed >> bits) % n;
+    ModelLimits {
+        pending_steps: [None, Some(1), Some(2), Some(3)][pick(0, 4) as usize],
+        pending_time: [None, Some(1), Some(4)][pick(2, 3) as usize],
+        max_keys: 1 + pick(4, 6) as usize,
+        max_groups: 1 + pick(7, 3) as usize,
+        skip_unwanted: pick(9, 4) != 0,
+    }
+}
+
+#[test]
+fn bounded_table_agrees_with_the_specification_on_random_sequences() {
+    if let Ok(seed) = std::env::var("KVTIER_DIFF_BOUNDED_SEED") {
+        let seed = seed.parse().expect("KVTIER_DIFF_BOUNDED_SEED is a u64");
+        run_with(seed, 300, 8, 4, tight(seed));
+        return;
+    }
+    let scale = if cfg!(debug_assertions) { 10 } else { 1 };
+    let mut seen = [0u64; 4];
+    let mut count = |stats: kvtier::lookup::LookupStats| {
+        let events = [
+            stats.deadline_misses,
+            stats.late_answers,
+            stats.shed,
+            stats.abandoned,
+        ];
+        for (total, n) in seen.iter_mut().zip(events) {
+            *total += n;
+        }
+    };
+    for seed in 0..2_000 / scale {
+        count(run_with(seed, 300, 8, 4, tight(seed)));
+    }
+    for seed in 20_000..20_000 + 100 / scale {
+        count(run_with(seed, 2_000, 64, 16, tight(seed)));
+    }
+    // The sequences reach every rule of the bounds, many times.
+    assert!(
+        seen.iter().all(|&n| n >= 10),
+        "deadline misses, late answers, shed keys, abandoned groups: {seen:?}"
+    );
 }

@@ -57,7 +57,7 @@ fn verdict_of(spec: &Reference, key: Key) -> Expected {
     match state.phase {
         Phase::Pending | Phase::InFlight => Expected::Pending,
         Phase::Resolved(true) => Expected::Hit(state.generation),
-        Phase::Resolved(false) => Expected::Miss,
+        Phase::Resolved(false) | Phase::Overdue => Expected::Miss,
     }
 }
 
@@ -126,10 +126,7 @@ impl ReferenceStateMachine for LookupMachine {
             }
             Op::Answer { group, found } => {
                 let (_, entries) = state.unanswered.remove(*group);
-                for (i, (key, generation)) in entries.into_iter().enumerate() {
-                    let found = found.get(i).copied().unwrap_or(false);
-                    state.spec.apply(key, generation, found);
-                }
+                state.spec.apply_group(&entries, found, false);
             }
             Op::MarkMiss { ticket } => {
                 let (key, generation) = state.tickets[*ticket];

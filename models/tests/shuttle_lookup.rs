@@ -19,7 +19,7 @@
 use kvtier::Verdict;
 use kvtier_models::checked::CheckedDriver;
 use kvtier_models::checkers::{Schedules, run_shuttle};
-use kvtier_models::reference::{Key, Req};
+use kvtier_models::reference::{Key, ModelLimits, Req};
 use kvtier_models::scripted::{Fault, Script, mixed};
 use shuttle::rand::{Rng, thread_rng};
 
@@ -49,7 +49,23 @@ fn random_faults(rng: &mut impl Rng) -> Vec<Fault> {
 /// in-flight probes, fresh generations).
 fn scheduler_workload() {
     let mut rng = thread_rng();
-    let mut driver = CheckedDriver::new(Script::new(mixed).with_faults(random_faults(&mut rng)));
+    // Half the runs with bounds (L13, L14): a budget of a step or two,
+    // room for a few keys and groups; all of them give unwanted groups up
+    // (L15). The budget is in steps only: the checker cannot know the time.
+    let limits = if rng.gen_bool(0.5) {
+        ModelLimits {
+            pending_steps: Some(rng.gen_range(1..3)),
+            max_keys: rng.gen_range(3..12),
+            max_groups: rng.gen_range(1..4),
+            ..ModelLimits::default()
+        }
+    } else {
+        ModelLimits::default()
+    };
+    let mut driver = CheckedDriver::with_limits(
+        Script::new(mixed).with_faults(random_faults(&mut rng)),
+        limits,
+    );
     let mut live: Vec<Req> = (0..LIVE as Req).collect();
     let mut next_request = LIVE as Req;
     let steps = rng.gen_range(3..6);
@@ -111,7 +127,21 @@ fn scheduler_workload() {
     }
     let stats = driver.finish();
     assert_eq!(stats.anomalies, 0);
+    for (total, n) in SEEN
+        .iter()
+        .zip([stats.deadline_misses, stats.shed, stats.abandoned])
+    {
+        total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
 }
+
+/// Deadline misses, shed keys and abandoned groups over every run (plain
+/// std atomics, outside shuttle's view): the workload must reach them.
+static SEEN: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
 
 /// The earlier smoke workload: three requests sharing keys over three steps,
 /// the oldest ending while its probes may be in flight.
@@ -136,6 +166,13 @@ fn shared_keys_workload() {
 #[test]
 fn scheduler_workload_agrees_with_the_specification_under_random_schedules() {
     run_shuttle("scheduler_workload", scheduler_workload, Schedules::Random);
+    let seen = SEEN
+        .each_ref()
+        .map(|n| n.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(
+        seen.iter().all(|&n| n > 0),
+        "deadline misses, shed keys, abandoned groups never happened: {seen:?}"
+    );
 }
 
 #[test]

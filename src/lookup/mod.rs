@@ -14,9 +14,10 @@
 //!   prober for another executor is an `impl`; [`Group`] has a constructor
 //!   for every outcome a built-in prober produces.
 //!
-//! See `docs/design.md` for the state machine and the invariants L1–L10.
+//! See `docs/design.md` for the state machine and the invariants L1–L15.
 
 mod backend;
+mod limits;
 mod scheduler;
 mod stats;
 mod submission;
@@ -28,6 +29,7 @@ mod types;
 
 pub use crate::invariant::InvariantViolation;
 pub use backend::Backend;
+pub use limits::LookupLimits;
 pub use scheduler::{Lookup, LookupError, Prober, Publisher, Refused, ShutdownError};
 pub use stats::LookupStats;
 pub use submission::{Group, GroupOutcome, GroupResult, Submission};

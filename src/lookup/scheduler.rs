@@ -14,6 +14,7 @@
 use std::fmt;
 use std::hash::Hash;
 
+use super::limits::LookupLimits;
 use super::stats::LookupStats;
 use super::submission::{GroupOutcome, GroupResult, Submission};
 use super::table::LookupTable;
@@ -281,9 +282,19 @@ where
     /// group is answered as cancelled — its keys become misses, so nothing
     /// is left pending on a prober that will never answer — and its error is
     /// returned.
+    ///
+    /// With a pending budget in time (see [`LookupLimits`]) the flush reads
+    /// the clock once: keys whose budget ran out become misses from the
+    /// next lookup on.
     pub fn flush(&mut self) -> Result<usize, LookupError> {
         self.drain();
-        let Some(submission) = self.table.take_submission() else {
+        // guard: L13-flush-reads-the-clock-for-a-time-budget
+        let submission = if self.table.limits().pending_time.is_some() {
+            self.table.take_submission_at(std::time::Instant::now())
+        } else {
+            self.table.take_submission()
+        };
+        let Some(submission) = submission else {
             return Ok(0);
         };
         let keys = submission.key_count();
@@ -358,6 +369,27 @@ where
     pub fn cleanup(&mut self, id: &R::Id) {
         self.drain();
         self.table.cleanup(id);
+    }
+
+    /// Sets the deadline and admission bounds (see [`LookupLimits`] and
+    /// [`LookupTable::set_limits`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvtier::Lookup;
+    /// use kvtier::lookup::LookupLimits;
+    ///
+    /// let tier = |keys: &[u64], _request: &u64| vec![true; keys.len()];
+    /// let mut lookup = Lookup::threaded(tier)?;
+    /// lookup.set_limits(
+    ///     LookupLimits::default()
+    ///         .pending_time(Some(Duration::from_millis(200)))
+    ///         .max_outstanding_keys(50_000),
+    /// )?;
+    /// # Ok::<(), kvtier::LookupError>(())
+    /// ```
+    pub fn set_limits(&mut self, limits: LookupLimits) -> Result<(), LookupError> {
+        self.table.set_limits(limits)
     }
 
     /// Counters of everything applied so far.

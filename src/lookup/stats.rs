@@ -53,4 +53,18 @@ pub struct LookupStats {
     /// Groups cancelled unanswered at shutdown, or because the runtime
     /// running them went away (all keys became misses).
     pub cancelled: u64,
+    /// Lookups answered [`Verdict::Miss`](super::Verdict::Miss) because
+    /// their key's probe was overdue: unanswered past the pending budget of
+    /// the [`LookupLimits`](super::LookupLimits) (included in `misses`).
+    pub deadline_misses: u64,
+    /// Answers that resolved an overdue key: the probe went on past the
+    /// budget and its answer serves later lookups.
+    pub late_answers: u64,
+    /// Lookups of new keys answered [`Verdict::Miss`](super::Verdict::Miss)
+    /// at once because the outstanding keys or groups were at their bound
+    /// (included in `misses`; no state was created).
+    pub shed: u64,
+    /// Groups left unprobed because nobody wanted their answers any more
+    /// (see [`Group::claim`](super::Group::claim)).
+    pub abandoned: u64,
 }

@@ -2,6 +2,7 @@
 //! [`Submission`] of request [`Group`]s out, one [`GroupResult`] per group back.
 
 use super::types::{Generation, TableId};
+use crate::sync::{Arc, Mutex};
 
 /// The new keys of one step, grouped by request in order of first appearance.
 ///
@@ -41,6 +42,9 @@ pub struct Group<K, R> {
     pub(crate) request: R,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
+    /// Shared with the table while the group is out, when the table skips
+    /// unwanted groups (see [`Group::claim`]).
+    pub(crate) interest: Option<Arc<Interest>>,
 }
 
 impl<K, R> Group<K, R> {
@@ -51,7 +55,25 @@ impl<K, R> Group<K, R> {
             request,
             keys: Vec::new(),
             generations: Vec::new(),
+            interest: None,
         }
+    }
+
+    /// Decides, just before the backend call, whether to probe the group.
+    /// `true`: probe it. `false`: every key of the group lost its requests
+    /// since the flush (they were cleaned up and nobody asked for the keys
+    /// again), so nobody wants the answers; publish
+    /// [`abandoned`](Self::abandoned) instead of calling the backend. From
+    /// the first `false` on, the table treats the probe as given up: a
+    /// request asking for one of the keys later gets a new probe.
+    ///
+    /// Always `true` when the table does not skip unwanted groups (see
+    /// [`LookupLimits::skip_unwanted`](super::LookupLimits::skip_unwanted)).
+    pub fn claim(&self) -> bool {
+        // guard: L15-prober-claims-before-probing
+        self.interest
+            .as_ref()
+            .is_none_or(|interest| interest.claim())
     }
 
     /// The table that handed the group out.
@@ -128,6 +150,13 @@ impl<K, R> Group<K, R> {
         self.finish(Vec::new(), GroupOutcome::Cancelled)
     }
 
+    /// The result for a group [`claim`](Self::claim) said nobody wants: not
+    /// probed, every key is a miss (counted in
+    /// [`LookupStats::abandoned`](super::LookupStats::abandoned)).
+    pub fn abandoned(self) -> GroupResult<K> {
+        self.finish(Vec::new(), GroupOutcome::Abandoned)
+    }
+
     /// The result with the given answers and outcome; missing answers are
     /// misses, surplus ones are dropped.
     pub(crate) fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
@@ -191,6 +220,9 @@ pub enum GroupOutcome {
     /// The group was never answered because the driver shut down (or its
     /// runtime went away) first; every key is a miss.
     Cancelled,
+    /// The group was not probed because nobody wanted its answers any more
+    /// (see [`Group::claim`]); every key is a miss.
+    Abandoned,
 }
 
 impl GroupOutcome {
@@ -246,5 +278,73 @@ impl<K> GroupResult<K> {
             .zip(&self.generations)
             .zip(&self.found)
             .map(|((key, generation), found)| (key, *generation, *found))
+    }
+}
+
+/// Whether anyone still wants a group's answers: how many of its keys have a
+/// live requester, or [`ABANDONED`] once a prober gave the probe up. The
+/// table counts down and up as requests leave and join the keys; a prober
+/// gives up only at zero, so a key joined in the same instant either keeps
+/// the probe (the join came first) or learns that it was given up (the claim
+/// came first) and gets a new one. A lock, not an atomic: it is taken only
+/// when a key loses or regains its last requester and once per group by the
+/// prober, never on the lookup path, and one lock is the simplest thing that
+/// makes "check zero, then give up" a single step for the model checkers too.
+#[derive(Debug)]
+pub(crate) struct Interest {
+    wanted: Mutex<u32>,
+}
+
+/// [`Interest::wanted`] of a probe a prober gave up.
+const ABANDONED: u32 = u32::MAX;
+
+impl Interest {
+    /// Interest in a group of `keys` keys, all of them wanted.
+    pub(crate) fn new(keys: usize) -> Self {
+        debug_assert!(keys < ABANDONED as usize);
+        Self {
+            wanted: Mutex::new(keys as u32),
+        }
+    }
+
+    /// The prober's side: true to probe; false when nobody wants the
+    /// answers, which gives the probe up for good.
+    fn claim(&self) -> bool {
+        let mut wanted = self.wanted.lock();
+        // guard: L15-claim-gives-up-only-at-zero
+        match *wanted {
+            0 => {
+                *wanted = ABANDONED;
+                false
+            }
+            ABANDONED => false,
+            _ => true,
+        }
+    }
+
+    /// The table's side: one of the keys lost its last requester.
+    pub(crate) fn lose(&self) {
+        let mut wanted = self.wanted.lock();
+        // Never below zero, never out of ABANDONED.
+        if *wanted != 0 && *wanted != ABANDONED {
+            *wanted -= 1;
+        }
+    }
+
+    /// The table's side: one of the keys has a requester again. False when
+    /// the probe was given up first: the key needs a new one.
+    pub(crate) fn gain(&self) -> bool {
+        let mut wanted = self.wanted.lock();
+        if *wanted == ABANDONED {
+            return false;
+        }
+        *wanted += 1;
+        true
+    }
+
+    /// The counter as it stands (`None` once given up), for the self-check.
+    pub(crate) fn wanted(&self) -> Option<u32> {
+        let wanted = *self.wanted.lock();
+        (wanted != ABANDONED).then_some(wanted)
     }
 }

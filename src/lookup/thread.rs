@@ -209,10 +209,17 @@ where
     while let Some(submission) = next_job(&shared.queue, &shared.work_ready) {
         // guard: L7-per-group-publication
         for group in submission.into_groups() {
+            // L15: a group nobody wants any more is not probed.
+            // guard: L15-thread-prober-claims
+            let result = if group.claim() {
+                probe_group(&mut backend, group)
+            } else {
+                group.abandoned()
+            };
             // Each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
             // guard: L7-per-group-publication
-            published.publish(probe_group(&mut backend, group));
+            published.publish(result);
         }
         // guard: L7-per-group-publication
         shared.queue.lock().completed += 1;

@@ -149,6 +149,10 @@ pub enum Phase {
     Pending,
     /// Submitted to the worker; its result has not been applied yet.
     InFlight,
+    /// In flight past its pending budget (see
+    /// [`LookupLimits`](crate::lookup::LookupLimits)): looked up as a miss;
+    /// a late answer still resolves it.
+    Overdue,
     /// The result is known.
     Resolved {
         /// Whether the tier holds the block.

@@ -3,9 +3,13 @@
 
 use std::hash::Hash;
 
+use hashbrown::HashMap;
+
 use super::LookupTable;
 use super::storage::{INDEX_ABOVE, NONE, Overflow};
+use crate::lookup::submission::Interest;
 use crate::lookup::types::{Phase, Request};
+use crate::sync::Arc;
 
 impl Overflow {
     /// Every index agrees with its list, and exactly the long lists have one.
@@ -72,6 +76,7 @@ where
             ));
         }
         let mut links = 0;
+        let mut pending = 0;
         for &state in self.states.values() {
             if state.first == NONE && state.more != NONE {
                 return Err(format!(
@@ -80,8 +85,11 @@ where
                 ));
             }
             let requesters = self.overflow.all(state);
-            let phase = state.phase(self.flushed_below);
-            if requesters.is_empty() && phase != Phase::InFlight {
+            let phase = state.phase(self.flushed_below, self.overdue_below);
+            if phase == Phase::Pending {
+                pending += 1;
+            }
+            if requesters.is_empty() && phase != Phase::InFlight && phase != Phase::Overdue {
                 return Err(format!(
                     "state {:?} has no requesters but is {phase:?}",
                     state.generation(),
@@ -97,6 +105,13 @@ where
             }
             links += requesters.len();
         }
+        if pending != self.batched_keys {
+            return Err(format!(
+                "{pending} pending states but {} batched keys counted",
+                self.batched_keys
+            ));
+        }
+        self.check_bounds()?;
         self.overflow.check_positions()?;
         let reverse_links: usize = self.slots.iter().map(|s| s.keys.len()).sum();
         if links != reverse_links {
@@ -115,6 +130,66 @@ where
                 self.free_slots.len(),
                 self.slots.len()
             ));
+        }
+        Ok(())
+    }
+}
+
+impl<K, R> LookupTable<K, R>
+where
+    K: Eq + Hash + Clone,
+    R: Request,
+{
+    /// The bounds hold (L14), and every group's interest counts exactly its
+    /// keys that have requesters (L15).
+    fn check_bounds(&self) -> Result<(), String> {
+        let keys = self.batched_keys + self.outstanding_keys;
+        let groups = self.batch.len() + self.outstanding_groups;
+        if keys > self.limits.max_outstanding_keys || groups > self.limits.max_outstanding_groups {
+            return Err(format!(
+                "{keys} keys and {groups} groups outstanding exceed the bounds {:?}",
+                self.limits
+            ));
+        }
+        if self.interest_of.len() > self.outstanding_keys {
+            return Err(format!(
+                "{} in-flight generations share an interest but only {} keys are outstanding",
+                self.interest_of.len(),
+                self.outstanding_keys
+            ));
+        }
+        // Per interest: (its counter, the keys with requesters found).
+        let mut tally: HashMap<*const Interest, (Option<u32>, u32, Vec<u64>)> = HashMap::new();
+        for interest in self.interest_of.values() {
+            tally
+                .entry(Arc::as_ptr(interest))
+                .or_insert((interest.wanted(), 0, Vec::new()));
+        }
+        for (_, &state) in self.states.iter() {
+            let Some(interest) = self.interest_of.get(&state.generation().0) else {
+                continue;
+            };
+            if state.has_requesters() {
+                let entry = tally.entry(Arc::as_ptr(interest)).or_default();
+                entry.1 += 1;
+                entry.2.push(state.generation().0);
+            }
+        }
+        for (wanted, found, generations) in tally.into_values() {
+            match wanted {
+                Some(wanted) if wanted == found => {}
+                None if found == 0 => {}
+                _ => {
+                    return Err(format!(
+                        "a group's interest is {wanted:?} but {found} of its keys have \
+                         requesters (generations {generations:?}; interests {:?})",
+                        self.interest_of
+                            .iter()
+                            .map(|(g, i)| (*g, Arc::as_ptr(i), i.wanted()))
+                            .collect::<Vec<_>>()
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -12,22 +12,28 @@
 //! Maps use hashbrown's default hasher (foldhash): fast on the short keys a
 //! KV cache uses, and seeded per table, unlike an unseeded FxHash.
 
+use std::collections::VecDeque;
 use std::hash::Hash;
 use std::mem;
+use std::time::Instant;
 
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry as MapEntry;
 
+use super::limits::LookupLimits;
 use super::stats::LookupStats;
-use super::submission::{Group, GroupOutcome, GroupResult, Submission};
+use super::submission::{Group, GroupOutcome, GroupResult, Interest, Submission};
 use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
 use crate::invariant::InvariantViolation;
+use crate::sync::Arc;
 
+mod bounds;
 mod check;
 mod storage;
 #[cfg(test)]
 mod tests;
 
+use bounds::StepMark;
 use storage::{
     Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_SLOTS, Slot, link_requester, shrink_map,
 };
@@ -100,6 +106,27 @@ pub struct LookupTable<K, R: Request> {
     /// the flush; the flush leaves them out.
     dropped_pending: hashbrown::HashSet<u64>,
     next_generation: u64,
+    /// The deadline and admission bounds.
+    limits: LookupLimits,
+    /// Keys in this step's batch (pending states).
+    batched_keys: usize,
+    /// Keys and groups handed out by `take_submission` whose results have
+    /// not been applied yet.
+    outstanding_keys: usize,
+    outstanding_groups: usize,
+    /// Steps ended (`take_submission` calls) so far.
+    steps: u64,
+    /// When the current step started: the time of the last timed flush.
+    step_started: Option<Instant>,
+    /// The ended steps whose keys are not overdue yet, oldest first, while
+    /// a deadline is set.
+    marks: VecDeque<StepMark>,
+    /// Unresolved states created before this generation are overdue: their
+    /// step's pending budget ran out.
+    overdue_below: u64,
+    /// The interest of the group each in-flight generation was submitted
+    /// in, while unwanted groups are skipped.
+    interest_of: HashMap<u64, Arc<Interest>>,
     stats: LookupStats,
     /// `(seq, outcome)` of every applied group, in application order, while
     /// recording is on (see [`LookupTable::record_applied`]).
@@ -135,6 +162,15 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             flushed_below: 0,
             dropped_pending: hashbrown::HashSet::new(),
             next_generation: 0,
+            limits: LookupLimits::default(),
+            batched_keys: 0,
+            outstanding_keys: 0,
+            outstanding_groups: 0,
+            steps: 0,
+            step_started: None,
+            marks: VecDeque::new(),
+            overdue_below: 0,
+            interest_of: HashMap::new(),
             stats: LookupStats::default(),
             applied_log: None,
         }
@@ -169,7 +205,7 @@ where
         self.stats.lookups += 1;
         // guard: L1-known-key
         let entry = match self.states.get_mut(key) {
-            Some(entry) => {
+            Some(entry) if entry.has_requesters() => {
                 // A request asks once however often it looks the key up.
                 link_requester(
                     entry,
@@ -180,9 +216,17 @@ where
                 );
                 *entry
             }
-            None => self.insert_new(key, request, slot),
+            // An orphaned probe: joining it wants its group again.
+            Some(_) => match self.rejoin(key, request, slot) {
+                Some(entry) => entry,
+                None => return self.shed(),
+            },
+            None => match self.insert_new(key, request, slot) {
+                Some(entry) => entry,
+                None => return self.shed(),
+            },
         };
-        match entry.phase(self.flushed_below) {
+        match entry.phase(self.flushed_below, self.overdue_below) {
             Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
                 Verdict::Pending
@@ -197,6 +241,12 @@ where
             }
             Phase::Resolved { found: false } => {
                 self.stats.misses += 1;
+                Verdict::Miss
+            }
+            Phase::Overdue => {
+                // L13: past its budget, the scheduler computes the block.
+                self.stats.misses += 1;
+                self.stats.deadline_misses += 1;
                 Verdict::Miss
             }
         }
@@ -240,17 +290,16 @@ where
     }
 
     /// A fresh state for a key looked up for the first time, batched under
-    /// `request`'s group. Kept out of line so the known-key path of
+    /// `request`'s group; `None` when the admission bounds leave no room
+    /// (nothing is created). Kept out of line so the known-key path of
     /// [`lookup`](Self::lookup) stays small enough to inline.
     #[inline(never)]
-    fn insert_new(&mut self, key: &K, request: &R, slot: u32) -> Entry {
-        let generation = Generation(self.next_generation);
-        self.next_generation += 1;
-        let entry = Entry::new(generation, slot);
-        self.states.insert(key.clone(), entry);
-        let record = &mut self.slots[slot as usize];
-        record.keys.push(key.clone());
-        record.cursor = record.keys.len();
+    fn insert_new(&mut self, key: &K, request: &R, slot: u32) -> Option<Entry> {
+        // guard: L14-admission-bounds-the-keys
+        if self.batched_keys + self.outstanding_keys >= self.limits.max_outstanding_keys {
+            return None;
+        }
+        let record = &self.slots[slot as usize];
         let index = if record.batch_epoch == self.batch_epoch {
             record.batch_index
         } else {
@@ -258,6 +307,12 @@ where
             let index = match self.batch_groups.get(id) {
                 Some(&index) => index,
                 None => {
+                    // guard: L14-admission-bounds-the-groups
+                    if self.batch.len() + self.outstanding_groups
+                        >= self.limits.max_outstanding_groups
+                    {
+                        return None;
+                    }
                     self.batch.push(Group::new(self.id, request.clone()));
                     self.batch_groups.insert(id.clone(), self.batch.len() - 1);
                     self.batch.len() - 1
@@ -268,10 +323,27 @@ where
             record.batch_epoch = self.batch_epoch;
             index
         };
+        let generation = Generation(self.next_generation);
+        self.next_generation += 1;
+        let entry = Entry::new(generation, slot);
+        self.states.insert(key.clone(), entry);
+        let record = &mut self.slots[slot as usize];
+        record.keys.push(key.clone());
+        record.cursor = record.keys.len();
         let group = &mut self.batch[index];
         group.keys.push(key.clone());
         group.generations.push(generation);
-        entry
+        self.batched_keys += 1;
+        Some(entry)
+    }
+
+    /// The verdict for a new key the admission bounds refused.
+    #[cold]
+    #[inline(never)]
+    fn shed(&mut self) -> Verdict<K> {
+        self.stats.misses += 1;
+        self.stats.shed += 1;
+        Verdict::Miss
     }
 
     /// The slot of live request `id`, taking a free one for a new request.
@@ -323,7 +395,25 @@ where
     /// Entries whose state was cleaned up (or cleaned up and created anew)
     /// since their lookup are left out; `None` when nothing is left, so an
     /// empty submission never reaches the worker.
+    ///
+    /// Keys whose pending budget in steps ran out with this step become
+    /// overdue. A budget in time needs
+    /// [`take_submission_at`](Self::take_submission_at).
     pub fn take_submission(&mut self) -> Option<Submission<K, R>> {
+        self.end_step(None)
+    }
+
+    /// [`take_submission`](Self::take_submission) for a step that ends at
+    /// `now`: keys whose pending budget in time ran out by `now` become
+    /// overdue too, and the next step is taken to start at `now`. The
+    /// table reads no clock: `now` is whatever the caller's clock says,
+    /// non-decreasing from call to call.
+    pub fn take_submission_at(&mut self, now: Instant) -> Option<Submission<K, R>> {
+        self.end_step(Some(now))
+    }
+
+    fn end_step(&mut self, now: Option<Instant>) -> Option<Submission<K, R>> {
+        let step_first = self.flushed_below;
         self.batch_groups.clear();
         // guard: L9-batch-cache-epoch
         self.batch_epoch += 1;
@@ -352,14 +442,22 @@ where
             });
             self.dropped_pending.clear();
         }
+        self.batched_keys = 0;
+        self.pass_deadlines(step_first, now);
         if groups.is_empty() {
             return None;
         }
         for (seq, group) in (self.stats.groups_submitted..).zip(&mut groups) {
             group.seq = seq;
         }
+        let keys: usize = groups.iter().map(Group::len).sum();
         self.stats.groups_submitted += groups.len() as u64;
-        self.stats.keys_submitted += groups.iter().map(|g| g.len() as u64).sum::<u64>();
+        self.stats.keys_submitted += keys as u64;
+        self.outstanding_groups += groups.len();
+        self.outstanding_keys += keys;
+        if self.limits.skip_unwanted {
+            self.hand_out_interest(&mut groups);
+        }
         Some(Submission { groups })
     }
 
@@ -382,6 +480,7 @@ where
             return;
         }
         self.stats.groups_applied += 1;
+        self.settle_outstanding(result.keys.len());
         match result.outcome {
             GroupOutcome::Answered => {}
             GroupOutcome::Short { .. } => self.stats.short_results += 1,
@@ -390,6 +489,7 @@ where
             GroupOutcome::BackendPanic { .. } => self.stats.backend_panics += 1,
             GroupOutcome::TimedOut => self.stats.timeouts += 1,
             GroupOutcome::Cancelled => self.stats.cancelled += 1,
+            GroupOutcome::Abandoned => self.stats.abandoned += 1,
         }
         if let Some(log) = &mut self.applied_log {
             log.push((result.seq, result.outcome));
@@ -400,6 +500,9 @@ where
             .zip(result.generations)
             .zip(result.found);
         for ((key, generation), found) in entries {
+            if !self.interest_of.is_empty() {
+                self.interest_of.remove(&generation.0);
+            }
             let MapEntry::Occupied(mut slot) = self.states.entry(key) else {
                 self.stats.stale_results += 1;
                 continue;
@@ -411,9 +514,9 @@ where
                 self.stats.stale_results += 1;
                 continue;
             }
-            let phase = state.phase(self.flushed_below);
+            let phase = state.phase(self.flushed_below, self.overdue_below);
             // guard: L5-apply-in-flight-only
-            if phase != Phase::InFlight {
+            if phase != Phase::InFlight && phase != Phase::Overdue {
                 // A generation is submitted once and answered once, and
                 // nothing but this method leaves InFlight: unreachable unless
                 // a result is applied twice.
@@ -430,6 +533,11 @@ where
                 slot.remove();
                 self.stats.orphans_dropped += 1;
                 continue;
+            }
+            if phase == Phase::Overdue {
+                // L13: the probe went on past the budget; its answer serves
+                // later lookups.
+                self.stats.late_answers += 1;
             }
             state.resolve(found);
         }
@@ -453,7 +561,8 @@ where
             Some(state)
                 // guard: L4-ticket-generation
                 if state.generation() == ticket.generation
-                    && state.phase(self.flushed_below) == (Phase::Resolved { found: true }) =>
+                    && state.phase(self.flushed_below, self.overdue_below)
+                        == (Phase::Resolved { found: true }) =>
             {
                 state.resolve(false);
                 self.stats.marked_miss += 1;
@@ -475,7 +584,8 @@ where
         for key in keys {
             // guard: L4-keys-resolved-only
             if let Some(state) = self.states.get_mut(key)
-                && state.phase(self.flushed_below) == (Phase::Resolved { found: true })
+                && state.phase(self.flushed_below, self.overdue_below)
+                    == (Phase::Resolved { found: true })
             {
                 state.resolve(false);
                 changed += 1;
@@ -509,11 +619,22 @@ where
             if state.has_requesters() {
                 continue;
             }
-            match state.phase(self.flushed_below) {
+            match state.phase(self.flushed_below, self.overdue_below) {
                 // guard: L3-inflight-retention
-                Phase::InFlight => {} // kept as an orphan
+                Phase::InFlight => {
+                    bounds::lose_interest(&self.interest_of, state.generation());
+                    // kept as an orphan, so a later request shares the probe
+                }
+                Phase::Overdue => {
+                    // L13: a probe past its budget is not worth sharing; its
+                    // state goes now, and its answer will be stale.
+                    bounds::lose_interest(&self.interest_of, state.generation());
+                    // guard: L13-overdue-orphans-are-removed
+                    occupied.remove();
+                }
                 Phase::Pending => {
                     self.dropped_pending.insert(state.generation().0);
+                    self.batched_keys -= 1;
                     occupied.remove();
                 }
                 Phase::Resolved { .. } => {
@@ -544,6 +665,7 @@ where
     fn shrink_if_sparse(&mut self) {
         shrink_map(&mut self.states);
         shrink_map(&mut self.slot_of);
+        shrink_map(&mut self.interest_of);
         let live = self.slot_of.len();
         self.compact_below = self.compact_below.max(live / 2);
         let sparse = self.slots.len() > SPARE_SLOTS && live * 4 < self.slots.len();
@@ -597,7 +719,7 @@ where
     pub fn key_state(&self, key: &K) -> Option<KeyState> {
         self.states.get(key).map(|&state| KeyState {
             generation: state.generation(),
-            phase: state.phase(self.flushed_below),
+            phase: state.phase(self.flushed_below, self.overdue_below),
             requesters: self.overflow.count(state),
         })
     }

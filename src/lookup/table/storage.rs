@@ -64,13 +64,17 @@ impl Entry {
         Generation(self.packed >> 2)
     }
 
-    /// The phase, given the table's flush watermark: an unresolved state
-    /// created since the last flush is pending, an older one is in flight.
-    /// So a flush moves every batched key to in flight by moving the
-    /// watermark, without touching the keys.
-    pub(super) fn phase(self, flushed_below: u64) -> Phase {
+    /// The phase, given the table's watermarks: an unresolved state
+    /// created since the last flush is pending, an older one is in flight,
+    /// and one created before `overdue_below` is overdue. So a flush moves
+    /// every batched key to in flight, and a deadline every key of the
+    /// steps it ends, by moving a watermark, without touching the keys.
+    #[inline(always)]
+    pub(super) fn phase(self, flushed_below: u64, overdue_below: u64) -> Phase {
         match self.packed & 3 {
             UNRESOLVED if self.packed >> 2 >= flushed_below => Phase::Pending,
+            // guard: L13-overdue-below-the-watermark
+            UNRESOLVED if self.packed >> 2 < overdue_below => Phase::Overdue,
             UNRESOLVED => Phase::InFlight,
             MISS => Phase::Resolved { found: false },
             _ => Phase::Resolved { found: true },

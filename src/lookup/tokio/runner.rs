@@ -66,12 +66,20 @@ where
                     }
                 }
             };
-            let group = self.current.insert(group);
-            let (found, end) = probe(&self.shared.backend, group, self.shared.timeout).await;
-            let group = self.current.take().expect("the group being probed");
+            // L15: a group nobody wants any more is not probed; the time it
+            // spent queued may have outlived its requests.
+            // guard: L15-tokio-prober-claims
+            let result = if group.claim() {
+                let group = self.current.insert(group);
+                let (found, end) = probe(&self.shared.backend, group, self.shared.timeout).await;
+                let group = self.current.take().expect("the group being probed");
+                settle(group, found, end)
+            } else {
+                group.abandoned()
+            };
             // Each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
-            self.shared.published.publish(settle(group, found, end));
+            self.shared.published.publish(result);
             self.shared.pool.lock().finished += 1;
             self.shared.progress.notify_all();
         }
