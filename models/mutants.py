@@ -282,7 +282,8 @@ MUTATIONS = [
     Mutation(
         "L13-overdue-orphans-are-removed",
         "cleanup keeps an overdue key without requesters (state left behind by a deadline miss)",
-        [("                    occupied.remove();\n", "")],
+        [("                    occupied.remove();\n                }\n                Phase::Pending",
+          "                }\n                Phase::Pending")],
         TEST + ["--test", "table", "a_late_answer_of_an_older_generation_stays_stale"],
     ),
     Mutation(
@@ -320,7 +321,7 @@ MUTATIONS = [
     Mutation(
         "L15-prober-claims-before-probing",
         "a group's claim ignores its interest",
-        [("self.interest.as_ref().is_none_or(|interest| interest.claim())", "true")],
+        [(".is_none_or(|interest| interest.claim())", ".is_none_or(|_| true)")],
         TEST + ["--test", "table", "a_group_whose_keys_all_lost_their_requests"],
     ),
     Mutation(

@@ -8,7 +8,7 @@ use kvtier::save::CompletionMode;
 
 use crate::checked::CheckedDriver;
 use crate::lockstep::{Lockstep, TableOp};
-use crate::reference::{Key, Req};
+use crate::reference::{Key, ModelLimits, Req};
 use crate::save_lockstep::{SaveLockstep, SaveOp};
 use crate::scripted::{Fault, Script, mixed, quiet_scripted_panics};
 
@@ -16,7 +16,8 @@ use crate::scripted::{Fault, Script, mixed, quiet_scripted_panics};
 const MAX_OPS: usize = 512;
 
 /// `table_vs_reference`: an operation sequence applied to the real table and
-/// to the specification, compared after every operation; at the end every
+/// to the specification under bounds the input picks, compared after every
+/// operation; at the end every
 /// request is cleaned up and every group answered, and nothing may remain.
 pub fn table_vs_reference(data: &[u8]) {
     let mut input = Unstructured::new(data);
@@ -24,7 +25,20 @@ pub fn table_vs_reference(data: &[u8]) {
     let shape = u8::arbitrary(&mut input).unwrap_or(0);
     let keys = 1 + u64::from(shape & 0x0f);
     let requests = 1 + u64::from(shape >> 4);
-    let mut run = Lockstep::new(keys, requests);
+    // The second byte picks the bounds: the defaults for 0, else a budget
+    // of a few steps or ticks and room for a few keys and groups.
+    let bounds = u8::arbitrary(&mut input).unwrap_or(0);
+    let limits = match bounds {
+        0 => ModelLimits::default(),
+        b => ModelLimits {
+            pending_steps: [None, Some(1), Some(2), Some(3)][usize::from(b & 3)],
+            pending_time: [None, Some(1), Some(4), None][usize::from(b >> 2 & 3)],
+            max_keys: 1 + usize::from(b >> 4 & 7),
+            max_groups: 1 + usize::from(b >> 6 & 1) * 2,
+            skip_unwanted: b & 0x80 == 0,
+        },
+    };
+    let mut run = Lockstep::with_limits(keys, requests, limits);
     let mut trace = Vec::new();
     while trace.len() < MAX_OPS && !input.is_empty() {
         let Ok(op) = TableOp::arbitrary(&mut input) else {

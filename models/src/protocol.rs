@@ -19,7 +19,15 @@
 //!   entry, an in-flight state exactly one entry among the worker's groups and
 //!   the published answers;
 //! - **probes are shared**: a key is never probed twice at a time, whatever
-//!   the generations.
+//!   the generations, except beside a probe the table let go (overdue, or
+//!   given up by the worker);
+//! - with bounds: **what is outstanding stays within its bound**, and **a
+//!   key overdue when its last request leaves does not outlive it**.
+//!
+//! The bounds of `LookupLimits` are abstracted: `deadlines` lets any
+//! in-flight key become overdue at any moment (a superset of every budget);
+//! `max_outstanding` bounds the keys pending or with the worker; `give_up`
+//! lets the worker give a group up instead of probing it.
 //!
 //! Checked from every reachable state (liveness, by a fair completion: flush,
 //! deliver everything, apply):
@@ -48,6 +56,15 @@ pub struct Rules {
     pub ticket_checks_generation: bool,
     /// A lookup of a known key never batches it again.
     pub known_keys_not_rebatched: bool,
+    /// A new key beyond the bound on outstanding keys is shed.
+    pub admission_bounds_outstanding: bool,
+    /// Cleanup removes an overdue key it leaves without requesters.
+    pub remove_overdue_orphans: bool,
+    /// The worker gives a group up only when none of its keys is wanted.
+    pub give_up_only_unwanted: bool,
+    /// A lookup of an orphan whose probe is overdue or given up starts a new
+    /// generation instead of joining it.
+    pub join_after_release_starts_afresh: bool,
 }
 
 impl Default for Rules {
@@ -59,6 +76,10 @@ impl Default for Rules {
             flush_skips_stale_entries: true,
             ticket_checks_generation: true,
             known_keys_not_rebatched: true,
+            admission_bounds_outstanding: true,
+            remove_overdue_orphans: true,
+            give_up_only_unwanted: true,
+            join_after_release_starts_afresh: true,
         }
     }
 }
@@ -72,12 +93,45 @@ pub struct Bounds {
     pub requests: u8,
     /// Key states created over the whole run (generations `0..generations`).
     pub generations: u8,
+    /// In-flight keys may become overdue.
+    pub deadlines: bool,
+    /// Keys pending or with the worker, at most (with admission).
+    pub max_outstanding: Option<u8>,
+    /// The worker may give groups up.
+    pub give_up: bool,
+}
+
+impl Bounds {
+    /// `keys`, `requests` and `generations`, without the bounds of
+    /// `LookupLimits`.
+    pub fn plain(keys: u8, requests: u8, generations: u8) -> Self {
+        Self {
+            keys,
+            requests,
+            generations,
+            deadlines: false,
+            max_outstanding: None,
+            give_up: false,
+        }
+    }
+
+    /// The same with every bound: deadlines, at most `max_outstanding`
+    /// outstanding keys, groups given up.
+    pub fn bounded(keys: u8, requests: u8, generations: u8, max_outstanding: u8) -> Self {
+        Self {
+            deadlines: true,
+            max_outstanding: Some(max_outstanding),
+            give_up: true,
+            ..Self::plain(keys, requests, generations)
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Phase {
     Pending,
     InFlight,
+    Overdue,
     Resolved(bool),
 }
 
@@ -98,8 +152,15 @@ pub struct State {
     batch: Vec<(u8, u8, u8)>,
     /// Groups the worker holds, as a multiset (sorted): any can finish first.
     worker: Vec<Vec<(u8, u8)>>,
-    /// Delivered answers `(key, generation, found)`, in delivery order.
-    published: Vec<(u8, u8, bool)>,
+    /// Delivered answers `(key, generation, found, given up)`, in delivery
+    /// order; a given-up group's entries are misses nobody answered.
+    published: Vec<(u8, u8, bool, bool)>,
+    /// `(key, generation)` of the groups the worker gave up (the table
+    /// learns it at once, through the group's interest).
+    given_up: BTreeSet<(u8, u8)>,
+    /// Ghost: probes the table let go (their state was removed or recreated
+    /// while overdue or given up); their answers are stale.
+    released: BTreeSet<(u8, u8)>,
     next_generation: u8,
     /// Hits handed out: `(key, generation)`.
     tickets: BTreeSet<(u8, u8)>,
@@ -146,6 +207,16 @@ pub enum Action {
     MarkMissKey {
         /// Key.
         key: u8,
+    },
+    /// `key`'s probe passes its budget.
+    Expire {
+        /// Key.
+        key: u8,
+    },
+    /// The worker gives its `group`-th group up instead of probing it.
+    GiveUp {
+        /// Index in the worker's (sorted) groups.
+        group: usize,
     },
 }
 
@@ -202,6 +273,8 @@ impl Protocol {
             batch: Vec::new(),
             worker: Vec::new(),
             published: Vec::new(),
+            given_up: BTreeSet::new(),
+            released: BTreeSet::new(),
             next_generation: 0,
             tickets: BTreeSet::new(),
             answers: BTreeMap::new(),
@@ -266,10 +339,17 @@ impl Protocol {
     fn actions(&self, state: &State) -> Vec<Action> {
         let mut actions = Vec::new();
         for key in 0..self.bounds.keys {
+            // A lookup that creates a state (of an unknown key, or of an
+            // orphan whose probe was let go) needs a generation within the
+            // bound.
+            let fresh = state.keys.get(&key).is_none_or(|entry| {
+                self.rules.join_after_release_starts_afresh
+                    && entry.requesters.is_empty()
+                    && (entry.phase == Phase::Overdue
+                        || state.given_up.contains(&(key, entry.generation)))
+            });
             for request in 0..self.bounds.requests {
-                // A new key needs a generation within the bound.
-                if state.keys.contains_key(&key) || state.next_generation < self.bounds.generations
-                {
+                if !fresh || state.next_generation < self.bounds.generations {
                     actions.push(Action::Lookup { key, request });
                 }
             }
@@ -301,8 +381,45 @@ impl Protocol {
             if state.keys.contains_key(&key) {
                 actions.push(Action::MarkMissKey { key });
             }
+            if self.bounds.deadlines
+                && state.keys.get(&key).map(|e| e.phase) == Some(Phase::InFlight)
+            {
+                actions.push(Action::Expire { key });
+            }
+        }
+        if self.bounds.give_up {
+            for (group, entries) in state.worker.iter().enumerate() {
+                if group > 0 && state.worker[group - 1] == *entries {
+                    continue;
+                }
+                let wanted = entries.iter().any(|(key, generation)| {
+                    state
+                        .keys
+                        .get(key)
+                        .is_some_and(|e| e.generation == *generation && !e.requesters.is_empty())
+                });
+                if !wanted || !self.rules.give_up_only_unwanted {
+                    actions.push(Action::GiveUp { group });
+                }
+            }
         }
         actions
+    }
+
+    /// Keys pending (batch entries whose state is still theirs) or with
+    /// the worker (answers not applied yet included).
+    fn outstanding(state: &State) -> usize {
+        let pending = state
+            .batch
+            .iter()
+            .filter(|&&(_, key, generation)| {
+                state
+                    .keys
+                    .get(&key)
+                    .is_some_and(|e| e.generation == generation && e.phase == Phase::Pending)
+            })
+            .count();
+        pending + state.worker.iter().map(Vec::len).sum::<usize>() + state.published.len()
     }
 
     /// Takes one transition; `Err` names a safety property it violates.
@@ -310,7 +427,26 @@ impl Protocol {
         let rules = self.rules;
         match *action {
             Action::Lookup { key, request } => {
+                if rules.join_after_release_starts_afresh
+                    && let Some(entry) = state.keys.get(&key)
+                    && entry.requesters.is_empty()
+                    && (entry.phase == Phase::Overdue
+                        || state.given_up.contains(&(key, entry.generation)))
+                {
+                    // A probe let go is not shared: the key starts afresh.
+                    state.released.insert((key, entry.generation));
+                    state.keys.remove(&key);
+                }
                 let known = state.keys.contains_key(&key);
+                if !known
+                    && rules.admission_bounds_outstanding
+                    && self
+                        .bounds
+                        .max_outstanding
+                        .is_some_and(|bound| Self::outstanding(state) >= usize::from(bound))
+                {
+                    return Ok(()); // shed: a miss, and no state
+                }
                 if !known {
                     let generation = state.next_generation;
                     state.next_generation += 1;
@@ -338,7 +474,8 @@ impl Protocol {
                 state.reverse.entry(request).or_default().insert(key);
                 let generation = entry.generation;
                 match entry.phase {
-                    Phase::Pending | Phase::InFlight => {}
+                    // Overdue: a miss, which is always safe.
+                    Phase::Pending | Phase::InFlight | Phase::Overdue => {}
                     Phase::Resolved(found) => {
                         let answer = state.answers.get(&(key, generation)).copied();
                         let marked = state.marked.contains(&(key, generation));
@@ -382,18 +519,37 @@ impl Protocol {
                 let entries = state.worker.remove(group);
                 for (&(key, generation), &found) in entries.iter().zip(found) {
                     state.answers.insert((key, generation), found);
-                    state.published.push((key, generation, found));
+                    state.published.push((key, generation, found, false));
+                }
+            }
+            Action::GiveUp { group } => {
+                let entries = state.worker.remove(group);
+                for &(key, generation) in &entries {
+                    state.given_up.insert((key, generation));
+                    state.published.push((key, generation, false, true));
+                }
+            }
+            Action::Expire { key } => {
+                if let Some(entry) = state.keys.get_mut(&key)
+                    && entry.phase == Phase::InFlight
+                {
+                    entry.phase = Phase::Overdue;
                 }
             }
             Action::Apply => {
-                for (key, generation, found) in std::mem::take(&mut state.published) {
+                for (key, generation, found, given_up) in std::mem::take(&mut state.published) {
+                    state.given_up.remove(&(key, generation));
+                    state.released.remove(&(key, generation));
+                    let _ = given_up;
                     let Some(entry) = state.keys.get_mut(&key) else {
                         continue; // stale: the key is gone
                     };
                     if rules.apply_checks_generation && entry.generation != generation {
                         continue; // stale: another incarnation
                     }
-                    if entry.generation == generation && entry.phase != Phase::InFlight {
+                    if entry.generation == generation
+                        && !matches!(entry.phase, Phase::InFlight | Phase::Overdue)
+                    {
                         return Err(format!(
                             "anomaly: answer for key {key} generation {generation} meets phase {:?}",
                             entry.phase
@@ -415,9 +571,22 @@ impl Protocol {
                         continue;
                     };
                     entry.requesters.remove(&request);
-                    let keep = rules.keep_in_flight_orphans && entry.phase == Phase::InFlight;
+                    let keep = match entry.phase {
+                        Phase::InFlight => rules.keep_in_flight_orphans,
+                        Phase::Overdue => !rules.remove_overdue_orphans,
+                        _ => false,
+                    };
                     if entry.requesters.is_empty() && !keep {
+                        if entry.phase == Phase::Overdue {
+                            state.released.insert((key, entry.generation));
+                        }
                         state.keys.remove(&key);
+                    } else if entry.requesters.is_empty() && entry.phase == Phase::Overdue {
+                        return Err(format!(
+                            "deadline miss outlives its requests: key {key} generation {} stays \
+                             overdue with none",
+                            entry.generation
+                        ));
                     }
                 }
             }
@@ -466,11 +635,11 @@ impl Protocol {
                 + state
                     .published
                     .iter()
-                    .filter(|&&(k, g, _)| (k, g) == id)
+                    .filter(|&&(k, g, _, _)| (k, g) == id)
                     .count();
             let (want_batched, want_probing) = match entry.phase {
                 Phase::Pending => (1, 0),
-                Phase::InFlight => (0, 1),
+                Phase::InFlight | Phase::Overdue => (0, 1),
                 Phase::Resolved(_) => (0, 0),
             };
             if (batched, probing) != (want_batched, want_probing) {
@@ -483,19 +652,28 @@ impl Protocol {
         // A probe is shared: a key is never probed twice at a time, whatever
         // the generations.
         for key in 0..self.bounds.keys {
+            let held = |k: u8, g: u8| k == key && !state.released.contains(&(k, g));
             let probes = state
                 .worker
                 .iter()
                 .flatten()
-                .filter(|&&(k, _)| k == key)
+                .filter(|&&(k, g)| held(k, g))
                 .count()
                 + state
                     .published
                     .iter()
-                    .filter(|&&(k, _, _)| k == key)
+                    .filter(|&&(k, g, _, given_up)| held(k, g) && !given_up)
                     .count();
             if probes > 1 {
                 return Err(format!("key {key} probed {probes} times at once"));
+            }
+        }
+        if let Some(bound) = self.bounds.max_outstanding {
+            let outstanding = Self::outstanding(state);
+            if outstanding > usize::from(bound) {
+                return Err(format!(
+                    "outstanding: {outstanding} keys pending or with the worker, bound {bound}"
+                ));
             }
         }
         for (request, keys) in &state.reverse {
@@ -525,7 +703,7 @@ impl Protocol {
                 self.step(&mut asked, &Action::Lookup { key, request })?;
                 if !matches!(
                     asked.keys.get(&key).map(|e| e.phase),
-                    Some(Phase::Resolved(_))
+                    Some(Phase::Resolved(_) | Phase::Overdue)
                 ) {
                     return Err(format!(
                         "liveness: request {request} has no verdict for key {key} after every delivery"

@@ -4,14 +4,20 @@
 //!
 //! The reference state machine is the specification plus the groups it has
 //! submitted and not yet had answered, and the hit tickets it has handed out.
-//! Answers arrive in any order, may be short, and carry any contents.
+//! Answers arrive in any order, may be short, and carry any contents. Each
+//! sequence runs under bounds drawn at its start (L13–L15): none, or a
+//! budget of a few steps or ticks, room for a few keys and groups, unwanted
+//! groups given up or not; flushes may say the time, and the prober may
+//! claim any unanswered group at any point.
 //!
 //! Run: `cargo test -p kvtier-models --release --test proptest_lookup`;
 //! more cases: `PROPTEST_CASES=100000`.
 
 use kvtier::{Ticket, Verdict, lookup::Group};
 use kvtier_models::conformance::{Table, check_state, check_verdict};
-use kvtier_models::reference::{Expected, Key, ModelGroup, Phase, Reference, Req};
+use std::time::{Duration, Instant};
+
+use kvtier_models::reference::{Expected, Key, ModelGroup, ModelLimits, Reference, Req};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
@@ -26,6 +32,15 @@ enum Op {
         req: Req,
     },
     Flush,
+    /// A flush that says the time: `advance` ticks after the last one.
+    FlushAt {
+        advance: u64,
+    },
+    /// The prober claims the `group`-th unanswered group; given up, it is
+    /// answered `abandoned` at once.
+    Claim {
+        group: usize,
+    },
     /// Answers the `group`-th unanswered group with `found` (short or long).
     Answer {
         group: usize,
@@ -49,16 +64,35 @@ struct Model {
     unanswered: Vec<ModelGroup>,
     /// (key, generation) of every hit handed out, in order.
     tickets: Vec<(Key, u64)>,
+    /// What the last lookup answered.
+    last_verdict: Option<Expected>,
+    /// The time of the last timed flush, in ticks.
+    now: u64,
 }
 
-/// What a lookup of `key` answers in this (post-lookup) state.
-fn verdict_of(spec: &Reference, key: Key) -> Expected {
-    let state = &spec.keys[&key];
-    match state.phase {
-        Phase::Pending | Phase::InFlight => Expected::Pending,
-        Phase::Resolved(true) => Expected::Hit(state.generation),
-        Phase::Resolved(false) | Phase::Overdue => Expected::Miss,
-    }
+/// Bounds for one sequence: the defaults, or tight ones.
+fn limits() -> impl Strategy<Value = ModelLimits> {
+    prop_oneof![
+        Just(ModelLimits::default()),
+        (
+            prop::option::of(1..4u64),
+            prop::option::of(1..5u64),
+            1..7usize,
+            1..4usize,
+            any::<bool>(),
+        )
+            .prop_map(
+                |(pending_steps, pending_time, max_keys, max_groups, skip_unwanted)| {
+                    ModelLimits {
+                        pending_steps,
+                        pending_time,
+                        max_keys,
+                        max_groups,
+                        skip_unwanted,
+                    }
+                }
+            ),
+    ]
 }
 
 struct LookupMachine;
@@ -68,7 +102,12 @@ impl ReferenceStateMachine for LookupMachine {
     type Transition = Op;
 
     fn init_state() -> BoxedStrategy<Model> {
-        Just(Model::default()).boxed()
+        limits()
+            .prop_map(|limits| Model {
+                spec: Reference::with_limits(limits),
+                ..Model::default()
+            })
+            .boxed()
     }
 
     fn transitions(state: &Model) -> BoxedStrategy<Op> {
@@ -81,7 +120,13 @@ impl ReferenceStateMachine for LookupMachine {
                     .prop_map(|(key, req)| Op::Lookup { key, req })
                     .boxed(),
             ),
-            (2, Just(Op::Flush).boxed()),
+            (1, Just(Op::Flush).boxed()),
+            (
+                1,
+                (0..4u64)
+                    .prop_map(|advance| Op::FlushAt { advance })
+                    .boxed(),
+            ),
             (
                 1,
                 prop::collection::vec(0..KEYS, 0..3)
@@ -97,6 +142,8 @@ impl ReferenceStateMachine for LookupMachine {
             )
                 .prop_map(|(group, found)| Op::Answer { group, found });
             choices.push((3, answer.boxed()));
+            let claim = (0..state.unanswered.len()).prop_map(|group| Op::Claim { group });
+            choices.push((1, claim.boxed()));
         }
         if !state.tickets.is_empty() {
             let mark = (0..state.tickets.len()).prop_map(|ticket| Op::MarkMiss { ticket });
@@ -107,7 +154,7 @@ impl ReferenceStateMachine for LookupMachine {
 
     fn preconditions(state: &Model, op: &Op) -> bool {
         match op {
-            Op::Answer { group, .. } => *group < state.unanswered.len(),
+            Op::Answer { group, .. } | Op::Claim { group } => *group < state.unanswered.len(),
             Op::MarkMiss { ticket } => *ticket < state.tickets.len(),
             _ => true,
         }
@@ -116,13 +163,27 @@ impl ReferenceStateMachine for LookupMachine {
     fn apply(mut state: Model, op: &Op) -> Model {
         match op {
             Op::Lookup { key, req } => {
-                if let Expected::Hit(generation) = state.spec.lookup(*key, *req) {
+                let expected = state.spec.lookup(*key, *req);
+                if let Expected::Hit(generation) = expected {
                     state.tickets.push((*key, generation));
                 }
+                state.last_verdict = Some(expected);
             }
             Op::Flush => {
                 let groups = state.spec.take_submission();
                 state.unanswered.extend(groups);
+            }
+            Op::FlushAt { advance } => {
+                state.now += advance;
+                let groups = state.spec.take_submission_at(Some(state.now));
+                state.unanswered.extend(groups);
+            }
+            Op::Claim { group } => {
+                let entries = state.unanswered[*group].1.clone();
+                if !state.spec.claim(&entries) {
+                    state.unanswered.remove(*group);
+                    state.spec.apply_group(&entries, &[], true);
+                }
             }
             Op::Answer { group, found } => {
                 let (_, entries) = state.unanswered.remove(*group);
@@ -145,6 +206,8 @@ struct Sut {
     table: Table,
     unanswered: Vec<Group<Key, Req>>,
     tickets: Vec<Ticket<Key>>,
+    /// Tick 0 of the timed flushes.
+    epoch: Instant,
 }
 
 struct TableTest;
@@ -153,11 +216,12 @@ impl StateMachineTest for TableTest {
     type SystemUnderTest = Sut;
     type Reference = LookupMachine;
 
-    fn init_test(_: &Model) -> Sut {
+    fn init_test(model: &Model) -> Sut {
         Sut {
-            table: Table::new(),
+            table: Table::with_limits(model.spec.limits.to_real()).expect("valid limits"),
             unanswered: Vec::new(),
             tickets: Vec::new(),
+            epoch: Instant::now(),
         }
     }
 
@@ -165,19 +229,22 @@ impl StateMachineTest for TableTest {
         match op {
             Op::Lookup { key, req } => {
                 let verdict = sut.table.lookup(&key, &req);
-                if let Err(why) = check_verdict(&verdict, verdict_of(&model.spec, key)) {
+                let expected = model.last_verdict.expect("the model looked up too");
+                if let Err(why) = check_verdict(&verdict, expected) {
                     panic!("lookup({key}, {req}): {why}");
                 }
                 if let Verdict::Hit(ticket) = verdict {
                     sut.tickets.push(ticket);
                 }
             }
-            Op::Flush => {
-                let groups = sut
-                    .table
-                    .take_submission()
-                    .map(|s| s.into_groups())
-                    .unwrap_or_default();
+            Op::Flush | Op::FlushAt { .. } => {
+                let submission = match op {
+                    Op::FlushAt { .. } => sut
+                        .table
+                        .take_submission_at(sut.epoch + Duration::from_millis(model.now)),
+                    _ => sut.table.take_submission(),
+                };
+                let groups = submission.map(|s| s.into_groups()).unwrap_or_default();
                 sut.unanswered.extend(groups);
                 let real: Vec<(Req, Vec<Key>)> = sut
                     .unanswered
@@ -190,6 +257,17 @@ impl StateMachineTest for TableTest {
                     .map(|(req, entries)| (*req, entries.iter().map(|&(k, _)| k).collect()))
                     .collect();
                 assert_eq!(real, expected, "unanswered groups after the flush");
+            }
+            Op::Claim { group } => {
+                if !sut.unanswered[group].claim() {
+                    let group = sut.unanswered.remove(group);
+                    sut.table.apply(group.abandoned());
+                }
+                assert_eq!(
+                    sut.unanswered.len(),
+                    model.unanswered.len(),
+                    "the claim disagrees with the specification"
+                );
             }
             Op::Answer { group, found } => {
                 let group = sut.unanswered.remove(group);
