@@ -349,6 +349,25 @@ MUTATIONS = [
         TEST + ["--features", "tokio", "--test", "tokio_driver", "a_queued_group_whose_request_was_cleaned_up"],
     ),
     Mutation(
+        "L15-a-running-probe-is-given-up-only-at-zero",
+        "a running probe is given up while a request still wants it",
+        [("            0 | ABANDONED => {\n", "            _ if true => {\n")],
+        TEST + ["--features", "tokio", "--test", "tokio_driver", "a_running_probe_that_another_request_joined"],
+    ),
+    Mutation(
+        "L15-the-last-loss-wakes-the-running-probe",
+        "the cleanup that leaves a running probe unwanted does not wake it",
+        [("                waker.wake();\n", "                drop(waker);\n")],
+        TEST + ["--features", "tokio", "--test", "tokio_driver", "a_running_probe_whose_request_was_cleaned_up"],
+    ),
+    Mutation(
+        "L15-tokio-prober-drops-unwanted-running-probes",
+        "the tokio prober lets an unwanted probe run to its end",
+        [("let ended = first_of(call, group.unwanted()).await;",
+          "let ended = first_of(call, std::future::pending::<()>()).await;")],
+        TEST + ["--features", "tokio", "--test", "tokio_driver", "a_running_probe_whose_request_was_cleaned_up"],
+    ),
+    Mutation(
         "S2-aggregator-needs-a-worker",
         "an aggregator for no workers is built (and can never free a request)",
         [("if workers == 0 {", "if false {")],

@@ -340,6 +340,11 @@ fn generation_rules_are_the_tables_a_new_request_joins_an_in_flight_probe_and_an
             ("gone", Act::Gated(second.clone())),
         ]);
         let mut driver = TokioLookup::tokio(backend, TokioConfig::default()).unwrap();
+        // Every probe runs to its end here: with unwanted groups skipped,
+        // the cleanup of "old" could give its running probe up before "new"
+        // joins it (see the running-probe tests below).
+        let probe_all = kvtier::lookup::LookupLimits::default().skip_unwanted(false);
+        driver.set_limits(probe_all).unwrap();
         driver.lookup(&2, &req("old"));
         driver.lookup(&4, &req("gone"));
         driver.flush().unwrap();
@@ -531,6 +536,55 @@ fn a_queued_group_whose_request_was_cleaned_up_is_not_probed() {
         assert_eq!(driver.stats().abandoned, 1);
         assert!(driver.lookup(&2, &slow).is_hit());
         driver.cleanup(&slow);
+        assert!(driver.shutdown().unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_running_probe_whose_request_was_cleaned_up_is_dropped() {
+    watchdog(|| {
+        let (backend, started) = backend(&[("hung", Act::Hang)]);
+        // No timeout: only the cleanup can end this probe (the watchdog
+        // fails the test if nothing does).
+        let config = TokioConfig::default().group_timeout(None);
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        driver.record_applied(true);
+        let hung = req("hung");
+        driver.lookup(&2, &hung);
+        driver.flush().unwrap();
+        assert_eq!(started.recv().unwrap(), "hung");
+        // The backend never answers; its only request leaves.
+        driver.cleanup(&hung);
+        driver.wait_idle().unwrap();
+        assert_eq!(driver.take_applied(), [(0, GroupOutcome::Abandoned)]);
+        let stats = driver.stats();
+        assert_eq!(
+            (stats.abandoned, stats.timeouts, stats.cancelled),
+            (1, 0, 0)
+        );
+        assert!(driver.shutdown().unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_running_probe_that_another_request_joined_is_kept() {
+    watchdog(|| {
+        let gate = Arc::new(Notify::new());
+        let (backend, started) = backend(&[("first", Act::Gated(gate.clone()))]);
+        let config = TokioConfig::default().group_timeout(None);
+        let mut driver = TokioLookup::tokio(backend, config).unwrap();
+        let (first, second) = (req("first"), req("second"));
+        driver.lookup(&2, &first);
+        driver.flush().unwrap();
+        // A bound for a probe given up before it starts, not a speed target.
+        let call = started.recv_timeout(Duration::from_secs(20));
+        assert_eq!(call.as_deref(), Ok("first"), "the backend was never called");
+        driver.lookup(&2, &second); // joins the running probe
+        driver.cleanup(&first);
+        gate.notify_one();
+        assert!(settle(&mut driver, 2, &second).is_hit());
+        assert_eq!(driver.stats().abandoned, 0);
+        driver.cleanup(&second);
         assert!(driver.shutdown().unwrap().is_empty());
     });
 }

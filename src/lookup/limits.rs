@@ -22,7 +22,8 @@ use super::scheduler::LookupError;
 ///   the table and the prober's queue stay bounded however far the tier
 ///   falls behind. On by default, with generous bounds.
 /// - **Unwanted groups.** A group all of whose keys lost their requests
-///   before its probe started is not probed (counted in
+///   before its probe started is not probed, and the tokio prober drops a
+///   running probe that becomes unwanted (counted in
 ///   [`LookupStats::abandoned`](super::LookupStats::abandoned)). On by default.
 ///
 /// A scheduler stepping every 20 ms that gives the tier at most 250 ms, and

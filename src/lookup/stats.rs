@@ -65,6 +65,7 @@ pub struct LookupStats {
     /// (included in `misses`; no state was created).
     pub shed: u64,
     /// Groups left unprobed because nobody wanted their answers any more
-    /// (see [`Group::claim`](super::Group::claim)).
+    /// (see [`Group::claim`](super::Group::claim)), or whose running probe
+    /// the tokio prober dropped for that reason.
     pub abandoned: u64,
 }

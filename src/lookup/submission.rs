@@ -2,6 +2,9 @@
 //! [`Submission`] of request [`Group`]s out, one [`GroupResult`] per group back.
 
 use super::types::{Generation, TableId};
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
 use crate::sync::{Arc, Mutex};
 
 /// The new keys of one step, grouped by request in order of first appearance.
@@ -150,6 +153,19 @@ impl<K, R> Group<K, R> {
         self.finish(Vec::new(), GroupOutcome::Cancelled)
     }
 
+    /// Ready once nobody wants the group's answers any more (as
+    /// [`claim`](Self::claim) would say), which gives the probe up for good;
+    /// pending for ever when the table does not skip unwanted groups. For a
+    /// prober that can drop a running probe: race the backend call against
+    /// this and publish [`abandoned`](Self::abandoned) if this wins.
+    #[cfg_attr(not(tokio_driver), allow(dead_code))]
+    pub(crate) fn unwanted(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| match &self.interest {
+            Some(interest) => interest.poll_unwanted(cx),
+            None => Poll::Pending,
+        })
+    }
+
     /// The result for a group [`claim`](Self::claim) said nobody wants: not
     /// probed, every key is a miss (counted in
     /// [`LookupStats::abandoned`](super::LookupStats::abandoned)).
@@ -220,8 +236,9 @@ pub enum GroupOutcome {
     /// The group was never answered because the driver shut down (or its
     /// runtime went away) first; every key is a miss.
     Cancelled,
-    /// The group was not probed because nobody wanted its answers any more
-    /// (see [`Group::claim`]); every key is a miss.
+    /// The group was not probed, or its running probe was dropped, because
+    /// nobody wanted its answers any more (see [`Group::claim`]); every key
+    /// is a miss.
     Abandoned,
 }
 
@@ -282,20 +299,30 @@ impl<K> GroupResult<K> {
 }
 
 /// Whether anyone still wants a group's answers: how many of its keys have a
-/// live requester, or [`ABANDONED`] once a prober gave the probe up. The
-/// table counts down and up as requests leave and join the keys; a prober
-/// gives up only at zero, so a key joined in the same instant either keeps
-/// the probe (the join came first) or learns that it was given up (the claim
+/// live requester, or given up once a prober gave the probe up. The table
+/// counts down and up as requests leave and join the keys; a prober gives
+/// up only at zero, so a key joined in the same instant either keeps the
+/// probe (the join came first) or learns that it was given up (the give-up
 /// came first) and gets a new one. A lock, not an atomic: it is taken only
-/// when a key loses or regains its last requester and once per group by the
-/// prober, never on the lookup path, and one lock is the simplest thing that
-/// makes "check zero, then give up" a single step for the model checkers too.
+/// when a key loses or regains its last requester and once or twice per
+/// group by the prober, never on the lookup path, and one lock is the
+/// simplest thing that makes "check zero, then give up" a single step for
+/// the model checkers too.
 #[derive(Debug)]
 pub(crate) struct Interest {
-    wanted: Mutex<u32>,
+    wanted: Mutex<Wanted>,
 }
 
-/// [`Interest::wanted`] of a probe a prober gave up.
+#[derive(Debug)]
+struct Wanted {
+    /// Keys with a requester; [`ABANDONED`] once given up.
+    keys: u32,
+    /// A running probe to wake when the count reaches zero (see
+    /// [`Interest::poll_unwanted`]).
+    waker: Option<Waker>,
+}
+
+/// [`Wanted::keys`] of a probe a prober gave up.
 const ABANDONED: u32 = u32::MAX;
 
 impl Interest {
@@ -303,7 +330,10 @@ impl Interest {
     pub(crate) fn new(keys: usize) -> Self {
         debug_assert!(keys < ABANDONED as usize);
         Self {
-            wanted: Mutex::new(keys as u32),
+            wanted: Mutex::new(Wanted {
+                keys: keys as u32,
+                waker: None,
+            }),
         }
     }
 
@@ -312,9 +342,9 @@ impl Interest {
     fn claim(&self) -> bool {
         let mut wanted = self.wanted.lock();
         // guard: L15-claim-gives-up-only-at-zero
-        match *wanted {
+        match wanted.keys {
             0 => {
-                *wanted = ABANDONED;
+                wanted.keys = ABANDONED;
                 false
             }
             ABANDONED => false,
@@ -322,12 +352,37 @@ impl Interest {
         }
     }
 
+    /// The prober's side while the probe runs: ready (and given up for
+    /// good) once nobody wants the answers; until then the task is woken
+    /// when the count reaches zero.
+    fn poll_unwanted(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut wanted = self.wanted.lock();
+        // guard: L15-a-running-probe-is-given-up-only-at-zero
+        match wanted.keys {
+            0 | ABANDONED => {
+                wanted.keys = ABANDONED;
+                Poll::Ready(())
+            }
+            _ => {
+                wanted.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
     /// The table's side: one of the keys lost its last requester.
     pub(crate) fn lose(&self) {
         let mut wanted = self.wanted.lock();
         // Never below zero, never out of ABANDONED.
-        if *wanted != 0 && *wanted != ABANDONED {
-            *wanted -= 1;
+        if wanted.keys != 0 && wanted.keys != ABANDONED {
+            wanted.keys -= 1;
+            if wanted.keys == 0
+                && let Some(waker) = wanted.waker.take()
+            {
+                drop(wanted);
+                // guard: L15-the-last-loss-wakes-the-running-probe
+                waker.wake();
+            }
         }
     }
 
@@ -335,16 +390,16 @@ impl Interest {
     /// the probe was given up first: the key needs a new one.
     pub(crate) fn gain(&self) -> bool {
         let mut wanted = self.wanted.lock();
-        if *wanted == ABANDONED {
+        if wanted.keys == ABANDONED {
             return false;
         }
-        *wanted += 1;
+        wanted.keys += 1;
         true
     }
 
     /// The counter as it stands (`None` once given up), for the self-check.
     pub(crate) fn wanted(&self) -> Option<u32> {
-        let wanted = *self.wanted.lock();
-        (wanted != ABANDONED).then_some(wanted)
+        let keys = self.wanted.lock().keys;
+        (keys != ABANDONED).then_some(keys)
     }
 }

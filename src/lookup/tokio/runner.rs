@@ -2,6 +2,8 @@
 //! the scheduler. See the parent module for the design.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use super::backend::{AsyncBackend, probe};
@@ -71,9 +73,16 @@ where
             // guard: L15-tokio-prober-claims
             let result = if group.claim() {
                 let group = self.current.insert(group);
-                let (found, end) = probe(&self.shared.backend, group, self.shared.timeout).await;
+                let call = probe(&self.shared.backend, group, self.shared.timeout);
+                // A probe whose keys all lose their requests while it runs
+                // is dropped too.
+                // guard: L15-tokio-prober-drops-unwanted-running-probes
+                let ended = first_of(call, group.unwanted()).await;
                 let group = self.current.take().expect("the group being probed");
-                settle(group, found, end)
+                match ended {
+                    Some((found, end)) => settle(group, found, end),
+                    None => group.abandoned(),
+                }
             } else {
                 group.abandoned()
             };
@@ -84,6 +93,25 @@ where
             self.shared.progress.notify_all();
         }
     }
+}
+
+/// `call`'s output, or `None` if `unwanted` finished first (`call` is then
+/// dropped, as a timeout drops it). `unwanted` is polled first: its waker is
+/// registered before the backend call starts, and once it is ready nobody
+/// wants the call's answers anyway.
+async fn first_of<T>(
+    call: impl Future<Output = T>,
+    unwanted: impl Future<Output = ()>,
+) -> Option<T> {
+    let mut call = std::pin::pin!(call);
+    let mut unwanted = std::pin::pin!(unwanted);
+    std::future::poll_fn(move |cx| {
+        if unwanted.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        call.as_mut().poll(cx).map(Some)
+    })
+    .await
 }
 
 impl<K, R: Request, B> Drop for Runner<K, R, B> {

@@ -1,0 +1,106 @@
+//! Memory under sustained overload, bounded and unbounded, measured with a
+//! counting allocator (its own test binary: the allocator is global, and
+//! the other memory test must not see these allocations).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kvtier::lookup::LookupTable;
+
+/// Counts the bytes allocated and not yet freed.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// A scheduler step loop against a tier that answers one group per step,
+/// offered ten requests of 16 keys a step (10x its capacity); a request
+/// leaves once none of its keys is pending. Returns the bytes allocated
+/// (table, the tier's queue and the live requests) after `early` steps and
+/// after `late` steps.
+fn overloaded(limits: kvtier::lookup::LookupLimits, early: u64, late: u64) -> (usize, usize) {
+    use kvtier::lookup::Group;
+    use std::collections::VecDeque;
+
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut table: LookupTable<u64, u64> = LookupTable::with_limits(limits).unwrap();
+    let mut queue: VecDeque<Group<u64, u64>> = VecDeque::new();
+    let mut live: Vec<u64> = Vec::new();
+    let mut verdicts = Vec::new();
+    let mut keys = Vec::with_capacity(16);
+    let mut sizes = (0, 0);
+    for step in 0..late {
+        live.extend((0..10).map(|i| step * 10 + i));
+        live.retain(|&request| {
+            keys.clear();
+            keys.extend((0..16).map(|block| (request << 4) | block));
+            table.lookup_all(&keys, &request, &mut verdicts);
+            let done = !verdicts.iter().any(|verdict| verdict.is_pending());
+            if done {
+                table.cleanup(&request);
+            }
+            !done
+        });
+        if let Some(submission) = table.take_submission() {
+            queue.extend(submission.into_groups());
+        }
+        // The tier: one group a step, unless nobody wants it any more.
+        if let Some(group) = queue.pop_front() {
+            let result = if group.claim() {
+                let answers: Vec<bool> = group.keys().iter().map(|k| k % 2 == 0).collect();
+                group.answered(answers)
+            } else {
+                group.abandoned()
+            };
+            table.apply(result);
+        }
+        if step + 1 == early {
+            sizes.0 = LIVE.load(Ordering::Relaxed) - before;
+        }
+    }
+    table.check_invariants().unwrap();
+    sizes.1 = LIVE.load(Ordering::Relaxed) - before;
+    (sizes.0, sizes.1)
+}
+
+/// L14 and L13 together: under sustained 10x overload, with a budget and
+/// admission bounds, memory after 8,000 steps is what it was after 2,000
+/// (its maps reach their working size by then);
+/// without them it keeps growing (which shows the check can fail; fewer
+/// steps there, as every waiting request is looked up every step).
+#[test]
+fn under_sustained_overload_bounded_memory_stays_flat_and_unbounded_memory_grows() {
+    let bounded = kvtier::lookup::LookupLimits::default()
+        .pending_steps(Some(20))
+        .max_outstanding_keys(1024)
+        .max_outstanding_groups(64);
+    let (early, late) = overloaded(bounded, 2_000, 8_000);
+    println!("bounded: {early} bytes after 2,000 steps, {late} after 8,000");
+    assert!(
+        late < early + early / 4,
+        "bounded memory grew from {early} to {late} bytes"
+    );
+    let (early, late) = overloaded(kvtier::lookup::LookupLimits::unbounded(), 100, 400);
+    println!("unbounded: {early} bytes after 100 steps, {late} after 400");
+    assert!(
+        late > 3 * early,
+        "unbounded memory did not grow: {early} → {late}"
+    );
+}
