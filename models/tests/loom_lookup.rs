@@ -354,3 +354,31 @@ fn claim_races_the_last_cleanup() {
         assert!(table.is_empty());
     });
 }
+
+/// L13 and L14 through the real driver: a budget of one step and room for
+/// two keys, while the worker answers in the background. Whatever the
+/// interleaving, the checker demands the specification's verdicts: the third
+/// key is shed, a key unanswered at the end of its step is a miss from then
+/// on (and its late answer still resolves it), and the answered ones hit.
+#[test]
+fn a_bounded_driver_sheds_and_misses_deadlines_as_specified() {
+    explore("a_bounded_driver_sheds_and_misses_deadlines", || {
+        let limits = ModelLimits {
+            pending_steps: Some(1),
+            max_keys: 2,
+            max_groups: 2,
+            skip_unwanted: false,
+            ..ModelLimits::default()
+        };
+        let mut driver = CheckedDriver::with_limits(Script::new(even), limits);
+        driver.lookup(2, 10);
+        driver.lookup(4, 10);
+        assert_eq!(driver.lookup(6, 10), Verdict::Miss, "no room: shed");
+        driver.flush();
+        // Answered by now, or overdue: never pending after its step.
+        assert!(!driver.lookup(2, 20).is_pending());
+        driver.drain();
+        driver.lookup(4, 20);
+        driver.finish();
+    });
+}
