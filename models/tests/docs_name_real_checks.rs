@@ -166,3 +166,19 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
         "guard tags without a mutation: {orphans:?}"
     );
 }
+
+/// Every mutation's texts are found, once each, after its tags: a guard
+/// whose code was reformatted or rewritten makes its mutation stale, which
+/// otherwise only the (long) mutation run would notice.
+#[test]
+fn every_mutation_applies_to_the_code_as_it_stands() {
+    let root = root();
+    let output = std::process::Command::new("python3")
+        .arg(root.join("models/mutants.py"))
+        .arg("--anchors")
+        .output()
+        .expect("python3 runs models/mutants.py");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stale mutations:\n{report}");
+    assert!(report.contains(" mutations anchored"), "{report}");
+}
