@@ -27,6 +27,8 @@ STYLE = {
     ("tokio", "unbounded"): "#e67e22",
     ("thread", "bounded"): "#2471a3",
     ("tokio", "bounded"): "#17a589",
+    ("thread", "sized"): "#7d3c98",
+    ("tokio", "sized"): "#b7950b",
 }
 
 
@@ -71,8 +73,8 @@ def main():
     body = panel(runs, "p99_ms", "p99 time to verdict (ms)", 0, width / 2, height)
     body += panel(runs, "peak_table", "peak table size (keys)", width / 2, width / 2, height)
     for i, ((driver, mode), colour) in enumerate(STYLE.items()):
-        body.append(f'<rect x="{80 + i * 200}" y="{height - 14}" width="14" height="4" fill="{colour}"/>')
-        body.append(f'<text x="{100 + i * 200}" y="{height - 8}">{driver}, {mode}</text>')
+        body.append(f'<rect x="{20 + i * 145}" y="{height - 14}" width="14" height="4" fill="{colour}"/>')
+        body.append(f'<text x="{38 + i * 145}" y="{height - 8}">{driver}, {mode}</text>')
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="12">\n'
            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n")

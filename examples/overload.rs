@@ -12,7 +12,9 @@
 //! answers as long as it takes; bounded, a key waits at most 100 ms (the
 //! budget in time), at most 1,024 keys and 64 groups are outstanding (64
 //! groups are 320 ms of the tier's work, so past 2x the budget runs out
-//! before admission refuses), and unwanted groups are not probed.
+//! before admission refuses), and unwanted groups are not probed;
+//! **sized** has the same budget with room for what the tier answers within
+//! it (20 groups, 320 keys: 100 ms of its work).
 //!
 //! Reported per run: the groups the tier probed per second (its measured
 //! capacity: sleeps overshoot, so it is a little below the nominal 200),
@@ -69,6 +71,12 @@ mod overload {
                 .pending_time(Some(Duration::from_millis(100)))
                 .max_outstanding_keys(1024)
                 .max_outstanding_groups(64),
+            // Room for what the tier can answer within the budget: 200
+            // groups/s for 100 ms.
+            "sized" => LookupLimits::default()
+                .pending_time(Some(Duration::from_millis(100)))
+                .max_outstanding_keys(320)
+                .max_outstanding_groups(20),
             _ => LookupLimits::unbounded(),
         }
     }
@@ -324,7 +332,7 @@ mod overload {
         let me = std::env::current_exe().expect("this program's path");
         let mut lines = Vec::new();
         for driver in ["thread", "tokio"] {
-            for mode in ["unbounded", "bounded"] {
+            for mode in ["unbounded", "bounded", "sized"] {
                 for load in LOADS {
                     let out = Command::new(&me)
                         .args(["--seconds", &seconds.to_string(), "--run", driver])
