@@ -344,12 +344,6 @@ MUTATIONS = [
         TEST + ["--test", "driver", "a_queued_group_whose_request_was_cleaned_up"],
     ),
     Mutation(
-        "L15-tokio-prober-claims",
-        "the tokio prober probes every group, wanted or not",
-        [("let result = if group.claim() {", "let result = if true {")],
-        TEST + ["--features", "tokio", "--test", "tokio_driver", "a_queued_group_whose_request_was_cleaned_up"],
-    ),
-    Mutation(
         "L15-a-running-probe-is-given-up-only-at-zero",
         "a running probe is given up while a request still wants it",
         [("            0 | ABANDONED => {\n", "            _ if true => {\n")],
@@ -363,7 +357,7 @@ MUTATIONS = [
     ),
     Mutation(
         "L15-tokio-prober-drops-unwanted-running-probes",
-        "the tokio prober lets an unwanted probe run to its end",
+        "the tokio prober probes unwanted groups and lets unwanted probes run to their end",
         [("let ended = first_of(call, group.unwanted()).await;",
           "let ended = first_of(call, std::future::pending::<()>()).await;")],
         TEST + ["--features", "tokio", "--test", "tokio_driver", "a_running_probe_whose_request_was_cleaned_up"],

@@ -68,23 +68,18 @@ where
                     }
                 }
             };
-            // L15: a group nobody wants any more is not probed; the time it
-            // spent queued may have outlived its requests.
-            // guard: L15-tokio-prober-claims
-            let result = if group.claim() {
-                let group = self.current.insert(group);
-                let call = probe(&self.shared.backend, group, self.shared.timeout);
-                // A probe whose keys all lose their requests while it runs
-                // is dropped too.
-                // guard: L15-tokio-prober-drops-unwanted-running-probes
-                let ended = first_of(call, group.unwanted()).await;
-                let group = self.current.take().expect("the group being probed");
-                match ended {
-                    Some((found, end)) => settle(group, found, end),
-                    None => group.abandoned(),
-                }
-            } else {
-                group.abandoned()
+            // L15: a group nobody wants any more is not probed (the time it
+            // spent queued may have outlived its requests), and a probe whose
+            // keys all lose their requests while it runs is dropped. Both are
+            // the race below: `unwanted` is polled before the call starts.
+            let group = self.current.insert(group);
+            let call = probe(&self.shared.backend, group, self.shared.timeout);
+            // guard: L15-tokio-prober-drops-unwanted-running-probes
+            let ended = first_of(call, group.unwanted()).await;
+            let group = self.current.take().expect("the group being probed");
+            let result = match ended {
+                Some((found, end)) => settle(group, found, end),
+                None => group.abandoned(),
             };
             // Each group is visible to the scheduler as soon as it
             // is done, not when the whole submission is.
