@@ -273,42 +273,19 @@ impl CheckedDriver {
         }
     }
 
-    /// A lookup of `key` just joined, or failed to join, an orphan: if the
-    /// real table started a new generation where the specification still
-    /// has the orphan, the worker had given the orphan's group up (its
-    /// result is still on its way), and the specification must agree that
-    /// nobody wanted it.
+    /// A lookup of `key` that found an orphan's probe given up (see
+    /// [`Reference::notice_given_up`]).
     fn notice_given_up(&mut self, key: Key) {
-        let Some(generation) = self.spec.orphan(key) else {
-            return;
-        };
-        if self
-            .table()
-            .key_state(&key)
-            .is_some_and(|state| state.generation.get() == generation)
-        {
-            return; // joined
+        let real = self.table().key_state(&key).map(|s| s.generation.get());
+        let groups = self.unapplied.iter().map(|(_, entries)| entries.as_slice());
+        if let Err(why) = self.spec.notice_given_up(key, real, groups) {
+            panic!("{why}");
         }
-        let (_, entries) = self
-            .unapplied
-            .iter()
-            .find(|(_, entries)| entries.contains(&(key, generation)))
-            .expect("an orphan in flight is in an unapplied group")
-            .clone();
-        assert!(
-            !self.spec.claim(&entries),
-            "a join of key {key} found {entries:?} given up, which a request still wanted"
-        );
     }
 
     fn check(&self, after: &str) {
         if let Err(why) = check_state(self.table(), &self.spec) {
-            let real: Vec<_> = (0..8).map(|k| (k, self.table().key_state(&k))).collect();
-            panic!(
-                "after {after}: {why}\nspec {:?}\nreal {real:?}\nstats {:?}",
-                self.spec.keys,
-                self.table().stats()
-            );
+            panic!("after {after}: {why}");
         }
         let stats = self.table().stats();
         let seen = FaultCounts {

@@ -422,30 +422,17 @@ impl CheckedTasks {
         }
     }
 
-    /// A lookup of `key` found an orphan's probe given up (the real table
-    /// started a new generation where the specification still has the
-    /// orphan): the specification must agree that nobody wanted its group.
+    /// A lookup of `key` that found an orphan's probe given up (see
+    /// [`Reference::notice_given_up`]).
     fn notice_given_up(&mut self, key: Key) {
-        let Some(generation) = self.spec.orphan(key) else {
-            return;
-        };
-        if self
-            .table()
-            .key_state(&key)
-            .is_some_and(|state| state.generation.get() == generation)
-        {
-            return; // joined
-        }
-        let entries = self
+        let real = self.table().key_state(&key).map(|s| s.generation.get());
+        let groups = self
             .unapplied
             .values()
-            .find(|(_, entries)| entries.contains(&(key, generation)))
-            .map(|(_, entries)| entries.clone())
-            .expect("an orphan in flight is in an unapplied group");
-        assert!(
-            !self.spec.claim(&entries),
-            "a join of key {key} found {entries:?} given up, which a request still wanted"
-        );
+            .map(|(_, entries)| entries.as_slice());
+        if let Err(why) = self.spec.notice_given_up(key, real, groups) {
+            panic!("{why}");
+        }
     }
 
     fn check(&self, after: &str) {

@@ -331,6 +331,37 @@ impl Reference {
             .map(|s| s.generation)
     }
 
+    /// A concurrent driver's lookup of `key` left the real table at
+    /// generation `real` (`None`: no state). Where the specification still
+    /// has `key` as an orphan of another generation, the prober had given
+    /// that orphan's group (one of `groups`, the ones not applied yet) up
+    /// before the join, its result still on its way: the specification must
+    /// agree that nobody wanted it. Call before [`lookup`](Self::lookup).
+    pub fn notice_given_up<'a>(
+        &mut self,
+        key: Key,
+        real: Option<u64>,
+        groups: impl IntoIterator<Item = &'a [(Key, u64)]>,
+    ) -> Result<(), String> {
+        let Some(generation) = self.orphan(key) else {
+            return Ok(());
+        };
+        if real == Some(generation) {
+            return Ok(()); // joined
+        }
+        let entries = groups
+            .into_iter()
+            .find(|entries| entries.contains(&(key, generation)))
+            .ok_or_else(|| format!("orphan {key} in flight is in no unapplied group"))?
+            .to_vec();
+        if self.claim(&entries) {
+            return Err(format!(
+                "a join of key {key} found {entries:?} given up, which a request still wanted"
+            ));
+        }
+        Ok(())
+    }
+
     /// A group's result arriving: answer `i` for entry `i` (a miss where
     /// `found` is short); `abandoned` when the prober gave it up.
     pub fn apply_group(&mut self, entries: &[(Key, u64)], found: &[bool], abandoned: bool) {
