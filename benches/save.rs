@@ -23,7 +23,7 @@ mod bench {
         let mut scheduler = SaveScheduler::new();
         let mut tracker = Tracker::new();
         let step = scheduler.record_step((0..OUTSTANDING + BATCH).map(|r| (r, 1)));
-        tracker.begin_step(&step);
+        tracker.begin_step(&step).expect("steps in sequence");
         let completers = (0..OUTSTANDING)
             .map(|request| {
                 let (task, completer) = CompletionTask::new(());

@@ -201,7 +201,7 @@ fn save_part() -> Result<(), Box<dyn std::error::Error>> {
     // Step 1: four requests save (req-c has nothing to save this step).
     let step = scheduler.record_step([("req-long", 4), ("req-b", 2), ("req-c", 0), ("req-d", 1)]);
     for (rank, worker) in workers.iter_mut().enumerate() {
-        worker.begin_step(&step);
+        worker.begin_step(&step).expect("steps in sequence");
         let long = if rank == 0 { 60 } else { 5 };
         worker.submit(save(long, false), &["req-long"]);
         // req-b and req-d share one batched task on worker 0.

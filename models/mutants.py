@@ -63,12 +63,18 @@ SUITES = {
     "F": {
         "tests": (TEST + ["-p", "kvtier", "--test", "fs_tier", "--test", "object_tier", "--lib"], {}),
     },
+    "W": {
+        "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "save_steps"], {}),
+        "proptest": (MODELS + ["proptest_wire"], {}),
+        "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
+    },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
         "proptest": (MODELS + ["proptest_save"], {}),
         "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
         "loom": (MODELS + ["loom_save"], LOOM),
         "shuttle": (MODELS + ["shuttle_save"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
+        "processes": (TEST + ["-p", "kvtier-cli", "--test", "saves"], {}),
     },
 }
 
@@ -427,14 +433,63 @@ MUTATIONS = [
     Mutation(
         "S4-task-kept-until-waited",
         "submit drops the task at once, releasing its handle while the save runs",
-        [("        self.ledger.open_task(requests, task)\n",
-          "        let id = self.ledger.open_task(requests, task);\n"
+        [("        self.ledger.open_task(requests, task, Instant::now())\n",
+          "        let id = self.ledger.open_task(requests, task, Instant::now());\n"
           "        self.ledger.close_task(id, Closed::Reaped, |task| {\n"
           "            drop(task);\n"
-          "            Ended::Returned(Ok(()))\n"
+          "            (Ended::Returned(Ok(())), Instant::now())\n"
           "        });\n"
           "        id\n")],
         TEST + ["--test", "save", "completion_tasks_are_completed"],
+    ),
+    Mutation(
+        "S6-steps-in-sequence",
+        "a worker takes a step that skips one, or one it already took, losing the missed step's saving requests",
+        [("        self.ledger.expect_step(step.step())?;\n", "")],
+        TEST + ["--test", "save_steps", "a_worker_takes_steps_in_sequence"],
+    ),
+    Mutation(
+        "S5-step-drives-the-fence",
+        "a step's preempted requests are not fenced: the forward pass may overwrite blocks a save still reads",
+        [("            self.handle_preemptions(step.preempted());", "            let _ = step.preempted();")],
+        TEST + ["--test", "save_steps", "a_step_carrying_preemptions"],
+    ),
+    Mutation(
+        "S2-step-carries-the-finish",
+        "a delayed finish is not carried to the workers by the next step, so they never report it",
+        [("            self.finished.push(request.clone());", "")],
+        TEST + ["--test", "save_steps", "finishes_travel_in_the_step"],
+    ),
+    Mutation(
+        "S2-fold-waits-for-every-path",
+        "a worker's folded report names a request as soon as one save path reported it, while another path's save still reads its blocks",
+        [("        self.finished_sending(reports).free",
+          "        let mut free: Vec<R> = Vec::new();\n"
+          "        for (_, request) in reports {\n"
+          "            if !free.contains(&request) {\n"
+          "                free.push(request);\n"
+          "            }\n"
+          "        }\n"
+          "        free")],
+        TEST + ["--test", "save_steps", "a_folding_multi_connector"],
+    ),
+    Mutation(
+        "S2-reports-in-sequence",
+        "the aggregator takes a worker's report for any step, so a lost report goes unnoticed",
+        [("        if report.step != expected {", "        if false {")],
+        TEST + ["--test", "save_steps", "a_lost_or_repeated_report"],
+    ),
+    Mutation(
+        "W1-version-checked",
+        "a message of an unknown layout version is decoded as version 1",
+        [("    if header[4] != VERSION {", "    if false {")],
+        TEST + ["-p", "kvtier", "--lib", "wire::tests::the_header_is_checked"],
+    ),
+    Mutation(
+        "W2-histogram-canonical",
+        "latency buckets out of order or repeated are accepted: two encodings of one histogram, one overwriting a bucket",
+        [("        if index < next || index >= SaveLatency::BUCKETS {", "        if index >= SaveLatency::BUCKETS {")],
+        TEST + ["-p", "kvtier", "--lib", "wire::tests::a_report_refuses"],
     ),
     Mutation(
         "S5-fence-waits-preempted",

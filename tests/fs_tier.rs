@@ -289,7 +289,7 @@ fn the_save_tracker_frees_a_request_only_after_its_fs_saves_are_published() {
     let mut worker: SaveTracker<String, kvtier::tier::FsSaveTask> = SaveTracker::new();
     let request = "req-1".to_string();
     let step = scheduler.record_step([(request.clone(), 2)]);
-    worker.begin_step(&step);
+    worker.begin_step(&step).expect("steps in sequence");
     for key in [10u64, 11] {
         worker.submit(
             tier.save(&key, payload(key as u32)),

@@ -146,7 +146,9 @@ fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
         let mut scheduler = SaveScheduler::new();
         let mut worker: SaveTracker<String, kvtier::tier::ObjectSaveTask> = SaveTracker::new();
         let request = "req-1".to_string();
-        worker.begin_step(&scheduler.record_step([(request.clone(), 3)]));
+        worker
+            .begin_step(&scheduler.record_step([(request.clone(), 3)]))
+            .expect("steps in sequence");
         for key in 10u64..13 {
             let task = tier.save(&key, vec![key as u8; 4096], runtime.handle());
             worker.submit(task, std::slice::from_ref(&request));
@@ -267,7 +269,9 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         let mut scheduler = SaveScheduler::new();
         let mut worker: SaveTracker<String, kvtier::tier::ObjectSaveTask> = SaveTracker::new();
         let request = "req".to_string();
-        worker.begin_step(&scheduler.record_step([(request.clone(), 1)]));
+        worker
+            .begin_step(&scheduler.record_step([(request.clone(), 1)]))
+            .expect("steps in sequence");
         let task = tier.save(&7u64, vec![7; 64], runtime.handle());
         worker.submit(task, std::slice::from_ref(&request));
         assert!(scheduler.request_finished(&request));

@@ -2,158 +2,18 @@
 //! docs/design.md and per fault, on deterministic scripted store tasks (and
 //! real threads for `CompletionTask`).
 
-use std::collections::{HashMap, HashSet};
+#[path = "common/store.rs"]
+mod store;
+
 use std::sync::{Arc, Mutex};
+
+use store::{Ending, Store, Task};
 
 use kvtier::{
     SaveScheduler, SaveTracker, StoreTask, save::CompletionMode, save::CompletionTask,
     save::MultiConnector, save::Report, save::ReportAggregator, save::ReportError,
     save::SchedulerConnector, save::TaskError, save::WorkerConnector,
 };
-
-/// How a scripted task ends when waited for.
-#[derive(Clone, Copy, Debug)]
-enum Ending {
-    Ok,
-    Fails,
-    TimesOut,
-    PanicsInWait,
-    PanicsInCheck,
-}
-
-#[derive(Default)]
-struct Log {
-    /// Tasks whose I/O is still reading blocks.
-    running: HashSet<u64>,
-    /// Tasks waited for while their I/O was still running.
-    waited_running: Vec<u64>,
-    /// Every wait call, in order.
-    waits: Vec<u64>,
-    /// Handle releases per task.
-    released: HashMap<u64, u32>,
-    /// Blocks (request ids) read by each running task.
-    reads: HashMap<u64, Vec<u64>>,
-}
-
-/// A single-threaded store: the test decides when each task's I/O ends;
-/// waiting for a running task stands for blocking until its I/O ends.
-#[derive(Clone, Default)]
-struct Store {
-    log: Arc<Mutex<Log>>,
-    next: Arc<Mutex<u64>>,
-}
-
-struct Handle {
-    task: u64,
-    log: Arc<Mutex<Log>>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        *self
-            .log
-            .lock()
-            .unwrap()
-            .released
-            .entry(self.task)
-            .or_default() += 1;
-    }
-}
-
-struct Task {
-    id: u64,
-    ending: Ending,
-    log: Arc<Mutex<Log>>,
-    _handle: Handle,
-}
-
-impl Store {
-    fn start(&self, requests: &[u64], ending: Ending) -> Task {
-        let id = {
-            let mut next = self.next.lock().unwrap();
-            *next += 1;
-            *next
-        };
-        let mut log = self.log.lock().unwrap();
-        log.running.insert(id);
-        log.reads.insert(id, requests.to_vec());
-        log.released.insert(id, 0);
-        drop(log);
-        Task {
-            id,
-            ending,
-            log: self.log.clone(),
-            _handle: Handle {
-                task: id,
-                log: self.log.clone(),
-            },
-        }
-    }
-
-    /// The store's I/O for `task` ends.
-    fn complete(&self, task: u64) {
-        self.log.lock().unwrap().running.remove(&task);
-    }
-
-    fn complete_all(&self) {
-        self.log.lock().unwrap().running.clear();
-    }
-
-    /// S1: no running task reads a block of `request`.
-    fn nothing_reads(&self, request: u64) -> bool {
-        let log = self.log.lock().unwrap();
-        log.running
-            .iter()
-            .all(|task| !log.reads[task].contains(&request))
-    }
-
-    fn is_running(&self, task: u64) -> bool {
-        self.log.lock().unwrap().running.contains(&task)
-    }
-
-    fn waits(&self) -> Vec<u64> {
-        self.log.lock().unwrap().waits.clone()
-    }
-
-    fn waited_running(&self) -> Vec<u64> {
-        self.log.lock().unwrap().waited_running.clone()
-    }
-
-    /// S4: every task started so far had its handle released exactly once.
-    fn every_handle_released_once(&self) -> bool {
-        let log = self.log.lock().unwrap();
-        log.released.values().all(|count| *count == 1)
-    }
-
-    fn released(&self, task: u64) -> u32 {
-        self.log.lock().unwrap().released[&task]
-    }
-}
-
-impl StoreTask for Task {
-    fn check(&self) -> bool {
-        if let Ending::PanicsInCheck = self.ending {
-            panic!("check of task {} panicked", self.id);
-        }
-        !self.log.lock().unwrap().running.contains(&self.id)
-    }
-
-    fn wait(self) -> Result<(), TaskError> {
-        {
-            let mut log = self.log.lock().unwrap();
-            log.waits.push(self.id);
-            if log.running.remove(&self.id) {
-                log.waited_running.push(self.id);
-            }
-        }
-        match self.ending {
-            Ending::Ok | Ending::PanicsInCheck => Ok(()),
-            Ending::Fails => Err(TaskError::failed("disk full")),
-            Ending::TimesOut => Err(TaskError::TimedOut),
-            Ending::PanicsInWait => panic!("wait of task {} panicked", self.id),
-        }
-    }
-}
 
 type Tracker = SaveTracker<u64, Task>;
 
@@ -169,7 +29,7 @@ fn setup(mode: CompletionMode) -> (Store, SaveScheduler<u64>, Tracker) {
 fn s1_a_finished_request_is_reported_only_after_its_save_completed() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
     let step = scheduler.record_step([(1, 4), (2, 4)]);
-    worker.begin_step(&step);
+    worker.begin_step(&step).expect("steps in sequence");
     let task = store.start(&[1, 2], Ending::Ok);
     let io = task.id;
     worker.submit(task, &[1, 2]);
@@ -201,7 +61,7 @@ fn s1_a_finished_request_is_reported_only_after_its_save_completed() {
 fn blocking_mode_waits_for_the_finished_requests_tasks_only() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::Blocking);
     let step = scheduler.record_step([(1, 1), (2, 1)]);
-    worker.begin_step(&step);
+    worker.begin_step(&step).expect("steps in sequence");
     let first = store.start(&[1], Ending::Ok);
     let second = store.start(&[2], Ending::Ok);
     let (first_id, second_id) = (first.id, second.id);
@@ -224,7 +84,7 @@ fn a_task_shared_by_several_requests_is_waited_once_and_counts_for_all() {
     for mode in [CompletionMode::NonBlocking, CompletionMode::Blocking] {
         let (store, mut scheduler, mut worker) = setup(mode);
         let step = scheduler.record_step([(1, 2), (2, 2), (3, 2)]);
-        worker.begin_step(&step);
+        worker.begin_step(&step).expect("steps in sequence");
         let shared = store.start(&[1, 2, 3], Ending::Ok);
         let id = shared.id;
         worker.submit(shared, &[1, 2, 3]);
@@ -254,7 +114,7 @@ fn s3_requests_that_never_saved_are_never_reported() {
     // 2 is scheduled with an empty save range.
     let step = scheduler.record_step([(1, 3), (2, 0)]);
     assert_eq!(step.requests(), &[1]);
-    worker.begin_step(&step);
+    worker.begin_step(&step).expect("steps in sequence");
     worker.submit(store.start(&[1], Ending::Ok), &[1]);
     store.complete_all();
 
@@ -268,7 +128,9 @@ fn s3_requests_that_never_saved_are_never_reported() {
 #[test]
 fn s2_each_request_is_reported_once_even_when_passed_again() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 1)]))
+        .expect("steps in sequence");
     let task = store.start(&[1], Ending::Ok);
     let id = task.id;
     worker.submit(task, &[1]);
@@ -292,7 +154,9 @@ fn s2_each_request_is_reported_once_even_when_passed_again() {
 #[test]
 fn s5_preemption_waits_only_for_the_preempted_requests_tasks() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 1), (2, 1), (3, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 1), (2, 1), (3, 1)]))
+        .expect("steps in sequence");
     let a = store.start(&[1], Ending::Ok);
     let ab = store.start(&[1, 2], Ending::Ok);
     let c = store.start(&[3], Ending::Ok);
@@ -324,7 +188,9 @@ fn s5_preemption_waits_only_for_the_preempted_requests_tasks() {
 #[test]
 fn layer_wise_saves_are_one_task_per_layer_under_the_same_tracking() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 8)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 8)]))
+        .expect("steps in sequence");
     let layers: Vec<u64> = (0..3)
         .map(|_| {
             let task = store.start(&[1], Ending::Ok);
@@ -350,7 +216,9 @@ fn layer_wise_saves_are_one_task_per_layer_under_the_same_tracking() {
 #[test]
 fn a_refused_submission_still_reports_the_request_and_releases_the_handle_once() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 2)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 2)]))
+        .expect("steps in sequence");
     // The store refuses the task and hands its handle back inside the error.
     let refused = store.start(&[1], Ending::Ok);
     let id = refused.id;
@@ -386,7 +254,9 @@ fn failed_timed_out_and_panicking_saves_are_counted_and_still_reported_once() {
             Ending::PanicsInCheck,
         ];
         let requests: Vec<u64> = (1..=endings.len() as u64).collect();
-        worker.begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))));
+        worker
+            .begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))))
+            .expect("steps in sequence");
         for (request, ending) in requests.iter().zip(endings) {
             worker.submit(store.start(&[*request], ending), &[*request]);
         }
@@ -432,7 +302,9 @@ fn failed_timed_out_and_panicking_saves_are_counted_and_still_reported_once() {
 fn an_abandoned_completion_task_is_reported_not_leaked() {
     let mut scheduler = SaveScheduler::new();
     let mut worker: SaveTracker<u64, CompletionTask<()>> = SaveTracker::new();
-    worker.begin_step(&scheduler.record_step([(5, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(5, 1)]))
+        .expect("steps in sequence");
     let (task, completer) = CompletionTask::new(());
     worker.submit(task, &[5]);
     assert!(worker.get_finished(&[5]).is_empty());
@@ -454,7 +326,9 @@ fn completion_tasks_are_completed_from_io_threads_and_release_their_handle_once(
     let mut scheduler = SaveScheduler::new();
     let mut worker = SaveTracker::new();
     let requests: Vec<u64> = (0..16).collect();
-    worker.begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))));
+    worker
+        .begin_step(&scheduler.record_step(requests.iter().map(|r| (*r, 1))))
+        .expect("steps in sequence");
     let mut io = Vec::new();
     for request in &requests {
         let (task, completer) = CompletionTask::new(Event(*request, released.clone()));
@@ -522,8 +396,8 @@ fn a_rank_that_saves_nothing_reports_the_same_requests_and_frees_happen_once_per
     let mut frees = ReportAggregator::new(2).unwrap();
 
     let step = scheduler.record_step([(1, 1), (2, 1)]);
-    saving.begin_step(&step);
-    idle.begin_step(&step); // records before its early return
+    saving.begin_step(&step).expect("steps in sequence");
+    idle.begin_step(&step).expect("steps in sequence"); // records before its early return
     let task = store.start(&[1, 2], Ending::Ok);
     let id = task.id;
     saving.submit(task, &[1, 2]);
@@ -700,6 +574,10 @@ impl WorkerConnector<u64> for SavingConnector {
     fn get_finished(&mut self, finished: &[u64]) -> Vec<u64> {
         self.worker.get_finished(finished)
     }
+
+    fn will_report(&self, request: &u64) -> bool {
+        self.worker.is_tracked(request)
+    }
 }
 
 #[test]
@@ -723,7 +601,10 @@ fn a_multi_connector_forwards_to_every_inner_connector_and_frees_after_all_repor
     {
         let connector = &mut multi.inner_mut()[index];
         let step = connector.scheduler.record_step(saves);
-        connector.worker.begin_step(&step);
+        connector
+            .worker
+            .begin_step(&step)
+            .expect("steps in sequence");
         let task = store.start(step.requests(), Ending::Ok);
         io.push(task.id);
         connector.worker.submit(task, step.requests());
@@ -777,8 +658,8 @@ fn s6_the_scheduler_and_every_worker_agree_on_who_delays_its_free() {
     for (index, plan) in plans.iter().enumerate() {
         let step = scheduler.record_step(plan.iter().copied());
         for (rank, worker) in workers.iter_mut().enumerate() {
-            worker.begin_step(&step);
-            if rank != 2 && !step.is_empty() {
+            worker.begin_step(&step).expect("steps in sequence");
+            if rank != 2 && !step.requests().is_empty() {
                 worker.submit(store.start(step.requests(), Ending::Ok), step.requests());
             }
         }
@@ -810,7 +691,9 @@ fn s6_the_scheduler_and_every_worker_agree_on_who_delays_its_free() {
 #[test]
 fn a_save_for_a_request_no_step_recorded_is_counted_and_never_reported() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 1)]))
+        .expect("steps in sequence");
     worker.submit(store.start(&[1, 9], Ending::Ok), &[1, 9]);
     assert_eq!(worker.stats().unrecorded_saves, 1);
     assert_eq!(
@@ -824,7 +707,9 @@ fn a_save_for_a_request_no_step_recorded_is_counted_and_never_reported() {
 #[test]
 fn wait_all_drains_every_task_for_shutdown() {
     let (store, mut scheduler, mut worker) = setup(CompletionMode::NonBlocking);
-    worker.begin_step(&scheduler.record_step([(1, 1), (2, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 1), (2, 1)]))
+        .expect("steps in sequence");
     worker.submit(store.start(&[1], Ending::Ok), &[1]);
     worker.submit(store.start(&[2], Ending::Ok), &[2]);
     assert!(worker.get_finished(&[1]).is_empty());
@@ -850,8 +735,12 @@ fn multi_connectors_compose_the_crates_own_halves_and_boxed_connectors() {
     let mut remote_worker: Tracker = SaveTracker::new();
     let local_step = local.record_step([(1, 1), (2, 1)]);
     let remote_step = remote.record_step([(1, 1)]);
-    local_worker.begin_step(&local_step);
-    remote_worker.begin_step(&remote_step);
+    local_worker
+        .begin_step(&local_step)
+        .expect("steps in sequence");
+    remote_worker
+        .begin_step(&remote_step)
+        .expect("steps in sequence");
     local_worker.submit(store.start(&[1, 2], Ending::Ok), &[1, 2]);
     remote_worker.submit(store.start(&[1], Ending::Ok), &[1]);
 
@@ -911,7 +800,9 @@ fn a_panicking_check_never_makes_a_non_blocking_call_wait() {
     let (end_io, io_done) = std::sync::mpsc::channel();
     let mut scheduler = SaveScheduler::new();
     let mut worker: SaveTracker<u64, CheckPanicsWaitBlocks> = SaveTracker::new();
-    worker.begin_step(&scheduler.record_step([(1, 1)]));
+    worker
+        .begin_step(&scheduler.record_step([(1, 1)]))
+        .expect("steps in sequence");
     worker.submit(CheckPanicsWaitBlocks { io_done }, &[1]);
     assert!(scheduler.request_finished(&1));
     let started = std::time::Instant::now();

@@ -190,3 +190,74 @@ pub fn block_decoder(data: &[u8]) {
         }
     }
 }
+
+/// `wire_decoder`: arbitrary bytes, as a pipe or socket from another
+/// process would hand them over, through the save protocol's message
+/// decoders, for every id type. It never panics and never allocates beyond
+/// the input (a list may claim any length); whatever decodes re-encodes to
+/// the same bytes (the format has one encoding per value); a valid header
+/// whose declared length disagrees with the input is a length mismatch; and
+/// reading the bytes as a stream of messages consumes them front to back
+/// without reading past a message.
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+pub fn wire_decoder(data: &[u8]) {
+    use kvtier::SaveStep;
+    use kvtier::save::WorkerReport;
+    use kvtier::save::wire::{self, HEADER_LEN, WireError};
+
+    fn canonical<T: std::fmt::Debug>(
+        data: &[u8],
+        decoded: Result<T, WireError>,
+        encode: impl Fn(&T) -> Vec<u8>,
+    ) -> bool {
+        match decoded {
+            Ok(value) => {
+                assert_eq!(encode(&value), data, "decoded {value:?}, re-encoded");
+                true
+            }
+            Err(error) => {
+                assert!(!error.to_string().is_empty());
+                false
+            }
+        }
+    }
+
+    let decoded = [
+        canonical(data, SaveStep::<u64>::decode(data), SaveStep::encode),
+        canonical(data, SaveStep::<String>::decode(data), SaveStep::encode),
+        canonical(data, SaveStep::<Vec<u8>>::decode(data), SaveStep::encode),
+        canonical(
+            data,
+            WorkerReport::<u64>::decode(data),
+            WorkerReport::encode,
+        ),
+        canonical(
+            data,
+            WorkerReport::<String>::decode(data),
+            WorkerReport::encode,
+        ),
+        canonical(
+            data,
+            WorkerReport::<Vec<u8>>::decode(data),
+            WorkerReport::encode,
+        ),
+    ];
+    // Every message names its kind and its id kind, even one without ids:
+    // at most one of the six decoders reads any bytes.
+    assert!(decoded.iter().filter(|ok| **ok).count() <= 1, "{decoded:?}");
+    if let Ok((_, declared)) = wire::parse_header(data)
+        && declared != data.len() - HEADER_LEN
+    {
+        assert!(matches!(
+            SaveStep::<u64>::decode(data),
+            Err(WireError::LengthMismatch { .. } | WireError::WrongKind { .. })
+        ));
+    }
+    let mut stream = data;
+    let mut message = Vec::new();
+    while let Ok(Some(_)) = wire::read_message(&mut stream, &mut message) {
+        assert!(message.len() >= HEADER_LEN && message.len() <= data.len());
+        let _ = SaveStep::<String>::decode(&message);
+        let _ = WorkerReport::<String>::decode(&message);
+    }
+}

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use arbitrary::Arbitrary;
 use kvtier::{SaveScheduler, SaveTracker, TaskId, save::CompletionMode, save::ReportAggregator};
 
-use crate::save_reference::{Rid, SchedulerSpec, WorkerSpec};
+use crate::save_reference::{Rid, SchedulerSpec, SpecStep, WorkerSpec};
 use crate::save_scripted::{Ending, ScriptedStore, ScriptedTask};
 
 /// Request slots: each slot holds one live request id at a time, and a new
@@ -160,27 +160,22 @@ impl SaveLockstep {
                     .collect();
                 let step = self.scheduler.record_step(saves.iter().copied());
                 let expected = self.scheduler_spec.record_step(&saves);
-                if step.step() + 1 != self.scheduler_spec.stats.steps
-                    || step.is_empty() != expected.is_empty()
-                {
+                let recorded = SpecStep {
+                    step: step.step(),
+                    requests: step.requests().to_vec(),
+                    preempted: step.preempted().to_vec(),
+                    finished: step.finished().to_vec(),
+                };
+                if recorded != expected || step.is_empty() != recorded.is_empty() {
                     return Err(format!(
-                        "step {} (empty: {}), specification {} steps, {expected:?}",
-                        step.step(),
-                        step.is_empty(),
-                        self.scheduler_spec.stats.steps
+                        "step {saves:?}: recorded {recorded:?} (empty: {}), specification {expected:?}",
+                        step.is_empty()
                     ));
                 }
-                if step.requests() != expected {
-                    return Err(format!(
-                        "step {saves:?}: recorded {:?}, specification {expected:?}",
-                        step.requests()
-                    ));
+                for w in 0..self.workers.len() {
+                    self.begin_step(w, &step, &expected)?;
                 }
-                for (worker, spec) in self.workers.iter_mut().zip(&mut self.specs) {
-                    worker.begin_step(&step);
-                    spec.begin_step(&expected);
-                }
-                self.last_step = expected;
+                self.last_step = expected.requests;
             }
             SaveOp::Submit {
                 worker,
@@ -244,7 +239,12 @@ impl SaveLockstep {
                 }
             }
             SaveOp::Preempt { pick } => {
+                // Fenced at once, as by an engine calling the fence itself,
+                // and again by the next step, which carries them: that fence
+                // waits what was submitted for them in between.
                 let preempted = self.slots(*pick);
+                self.scheduler.preempt(&preempted);
+                self.scheduler_spec.preempt(&preempted);
                 for w in 0..self.workers.len() {
                     self.preempt(w, &preempted)?;
                 }
@@ -353,6 +353,43 @@ impl SaveLockstep {
         Ok(())
     }
 
+    /// Worker `w` takes the step (the same step a second time must be
+    /// refused, and change nothing), fencing its preemptions: S5 and S6.
+    fn begin_step(
+        &mut self,
+        w: usize,
+        step: &kvtier::SaveStep<Rid>,
+        expected: &SpecStep,
+    ) -> Result<(), String> {
+        let before = self.store.wait_count();
+        let waits_before = self.workers[w].stats().tasks_waited;
+        self.workers[w]
+            .begin_step(step)
+            .map_err(|error| format!("worker {w} refused step {}: {error}", step.step()))?;
+        let fenced = self.specs[w]
+            .begin_step(expected)
+            .map_err(|(due, got)| format!("specification refused step {got} (due {due})"))?;
+        let waited = (self.workers[w].stats().tasks_waited - waits_before) as usize;
+        if waited != fenced.len() {
+            return Err(format!(
+                "worker {w} step {} fenced {waited} tasks, specification {fenced:?}",
+                step.step()
+            ));
+        }
+        self.check_fence(w, &expected.preempted, before)?;
+        match self.workers[w].begin_step(step) {
+            Err(kvtier::save::StepError::Repeated { expected: due, got })
+                if due == step.step() + 1 && got == step.step() => {}
+            other => {
+                return Err(format!(
+                    "worker {w} took step {} twice: {other:?}",
+                    step.step()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn preempt(&mut self, w: usize, preempted: &[Rid]) -> Result<(), String> {
         let before = self.store.wait_count();
         let waited = self.workers[w].handle_preemptions(preempted);
@@ -362,6 +399,13 @@ impl SaveLockstep {
                 "worker {w} preempt {preempted:?}: waited {waited}, specification {expected:?}"
             ));
         }
+        self.check_fence(w, preempted, before)
+    }
+
+    /// S5: after a fence over `preempted`, nothing of worker `w` reads a
+    /// preempted block, and the waits since `before` were only of tasks
+    /// reading one.
+    fn check_fence(&mut self, w: usize, preempted: &[Rid], before: usize) -> Result<(), String> {
         // S5: afterwards nothing of this worker reads a preempted block, and
         // only tasks reading one were waited.
         let reading = self.store.reading(w, preempted);

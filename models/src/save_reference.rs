@@ -17,13 +17,39 @@ pub type Rid = u64;
 pub struct SchedulerSpec {
     /// Recorded by a step, not finished yet.
     pub delayed: BTreeSet<Rid>,
+    /// Preempted since the last step.
+    pub preempted: Vec<Rid>,
+    /// Delayed requests finished since the last step.
+    pub finished: Vec<Rid>,
     /// The counters the scheduler must show.
     pub stats: SchedulerSaveStats,
 }
 
+/// A step as the specification records it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecStep {
+    /// Its sequence number.
+    pub step: u64,
+    /// The saving requests: non-empty ranges, each once, in order.
+    pub requests: Vec<Rid>,
+    /// Preempted since the previous step, in order.
+    pub preempted: Vec<Rid>,
+    /// Delayed requests finished since the previous step, in order.
+    pub finished: Vec<Rid>,
+}
+
+impl SpecStep {
+    /// Nothing saves, nobody was preempted or finished.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.preempted.is_empty() && self.finished.is_empty()
+    }
+}
+
 impl SchedulerSpec {
-    /// The step's saving requests: non-empty ranges, each once, in order.
-    pub fn record_step(&mut self, saves: &[(Rid, usize)]) -> Vec<Rid> {
+    /// The step: its saving requests (non-empty ranges, each once, in
+    /// order), and the preemptions and delayed finishes since the last one.
+    pub fn record_step(&mut self, saves: &[(Rid, usize)]) -> SpecStep {
+        let step = self.stats.steps;
         self.stats.steps += 1;
         let mut requests = Vec::new();
         for (request, blocks) in saves {
@@ -34,14 +60,26 @@ impl SchedulerSpec {
                 }
             }
         }
-        requests
+        SpecStep {
+            step,
+            requests,
+            preempted: std::mem::take(&mut self.preempted),
+            finished: std::mem::take(&mut self.finished),
+        }
     }
 
-    /// Delay the free exactly for recorded requests; forget the request.
+    /// Preempted requests go to the next step.
+    pub fn preempt(&mut self, requests: &[Rid]) {
+        self.preempted.extend_from_slice(requests);
+    }
+
+    /// Delay the free exactly for recorded requests; forget the request; a
+    /// delayed one goes to the next step's finished list.
     pub fn request_finished(&mut self, request: Rid) -> bool {
         let delay = self.delayed.remove(&request);
         if delay {
             self.stats.delayed += 1;
+            self.finished.push(request);
         } else {
             self.stats.freed_at_once += 1;
         }
@@ -99,14 +137,25 @@ impl WorkerSpec {
         }
     }
 
-    /// Records the step's requests.
-    pub fn begin_step(&mut self, requests: &[Rid]) {
+    /// Takes the step: refused unless it is the next in sequence; otherwise
+    /// fences its preempted requests (if any), then records its requests.
+    /// Returns the fenced tasks.
+    pub fn begin_step(&mut self, step: &SpecStep) -> Result<Vec<u64>, (u64, u64)> {
+        if step.step != self.stats.steps {
+            return Err((self.stats.steps, step.step));
+        }
+        let fenced = if step.preempted.is_empty() {
+            Vec::new()
+        } else {
+            self.handle_preemptions(&step.preempted)
+        };
         self.stats.steps += 1;
-        for request in requests {
+        for request in &step.requests {
             if self.recorded.insert(*request) {
                 self.stats.recorded += 1;
             }
         }
+        Ok(fenced)
     }
 
     /// A task reading `requests`; returns its id.

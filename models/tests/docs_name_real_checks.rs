@@ -52,7 +52,7 @@ fn is_check_name(name: &str) -> bool {
 /// A mutation id: a protocol letter, a number, `-`, lowercase words.
 fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
-    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F'))
+    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F' | 'W'))
         && span[1..].split_once('-').is_some_and(|(number, rest)| {
             !number.is_empty()
                 && number.bytes().all(|b| b.is_ascii_digit())

@@ -71,3 +71,11 @@ fn save_vs_reference_corpus_replays_cleanly() {
 fn block_decoder_corpus_replays_cleanly() {
     replay("block_decoder", kvtier_models::fuzzing::block_decoder);
 }
+
+/// The save protocol's wire decoders (no tiers needed, but the fuzzing
+/// bodies of the byte decoders share one cfg).
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+#[test]
+fn wire_decoder_corpus_replays_cleanly() {
+    replay("wire_decoder", kvtier_models::fuzzing::wire_decoder);
+}

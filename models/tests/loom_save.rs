@@ -99,7 +99,9 @@ fn a_finished_request_is_reported_only_after_its_save_stopped_reading() {
         let block = blocks(1);
         let mut scheduler = SaveScheduler::new();
         let mut worker = SaveTracker::new();
-        worker.begin_step(&step(&mut scheduler, &[1]));
+        worker
+            .begin_step(&step(&mut scheduler, &[1]))
+            .expect("steps in sequence");
         let (task, completer) = CompletionTask::new(Event(released.clone()));
         worker.submit(task, &[1]);
         let io = start_io(block.clone(), completer, Io::Succeeds);
@@ -119,7 +121,9 @@ fn layer_wise_saves_on_two_threads_report_after_the_last_layer() {
         let block = blocks(1);
         let mut scheduler = SaveScheduler::new();
         let mut worker = SaveTracker::new();
-        worker.begin_step(&step(&mut scheduler, &[1]));
+        worker
+            .begin_step(&step(&mut scheduler, &[1]))
+            .expect("steps in sequence");
         let mut io = Vec::new();
         for _ in 0..2 {
             let (task, completer) = CompletionTask::new(());
@@ -149,7 +153,9 @@ fn a_blocking_get_finished_waits_the_shared_task_once_for_both_requests() {
         let shared_blocks = blocks(2);
         let mut scheduler = SaveScheduler::new();
         let mut worker = SaveTracker::with_mode(CompletionMode::Blocking);
-        worker.begin_step(&step(&mut scheduler, &[1, 2]));
+        worker
+            .begin_step(&step(&mut scheduler, &[1, 2]))
+            .expect("steps in sequence");
         let (task, completer) = CompletionTask::new(());
         worker.submit(task, &[1, 2]);
         let io = start_io(shared_blocks.clone(), completer, Io::Succeeds);
@@ -178,7 +184,9 @@ fn the_preemption_fence_waits_only_the_preempted_requests_task() {
         let block = blocks(2);
         let mut scheduler = SaveScheduler::new();
         let mut worker = SaveTracker::new();
-        worker.begin_step(&step(&mut scheduler, &[1, 2]));
+        worker
+            .begin_step(&step(&mut scheduler, &[1, 2]))
+            .expect("steps in sequence");
         let mut io = Vec::new();
         for (request, block) in [1u64, 2].iter().zip(&block) {
             let (task, completer) = CompletionTask::new(());
@@ -213,7 +221,9 @@ fn a_failed_or_abandoned_save_is_reported_once_and_releases_its_handle_once() {
             let block = blocks(1);
             let mut scheduler = SaveScheduler::new();
             let mut worker = SaveTracker::new();
-            worker.begin_step(&step(&mut scheduler, &[1]));
+            worker
+                .begin_step(&step(&mut scheduler, &[1]))
+                .expect("steps in sequence");
             let (task, completer) = CompletionTask::new(Event(released.clone()));
             worker.submit(task, &[1]);
             let io = start_io(block.clone(), completer, ending);

@@ -152,7 +152,7 @@ fn save_workload(mode: CompletionMode) {
 
         let step = scheduler.record_step(live.iter().map(|r| (*r, rng.gen_range(0..3usize))));
         for (rank, worker) in workers.iter_mut().enumerate() {
-            worker.begin_step(&step);
+            worker.begin_step(&step).expect("steps in sequence");
             let saving = step.requests();
             if saving.is_empty() || (rank == 1 && rng.gen_range(0..4) == 0) {
                 continue; // this rank saves nothing this step, after recording

@@ -1,9 +1,10 @@
-//! Connector composition and multi-worker report aggregation.
+//! Connector composition: the connector traits and [`MultiConnector`].
 
 use hashbrown::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 
+use super::report::{Report, ReportError};
 use super::scheduler::SaveScheduler;
 use super::task::StoreTask;
 use super::tracker::SaveTracker;
@@ -60,6 +61,12 @@ pub trait WorkerConnector<R> {
     /// (each passed once); returns the requests whose saves are done
     /// ("finished sending"), each exactly once.
     fn get_finished(&mut self, finished: &[R]) -> Vec<R>;
+
+    /// Whether this connector owes a report of `request`: it delays the
+    /// request's free and has not reported it yet. A [`MultiConnector`]
+    /// asks every inner connector this when `request` finishes, to know
+    /// whose reports to fold into the worker's one report.
+    fn will_report(&self, request: &R) -> bool;
 }
 
 impl<R: Eq + Hash + Clone + Debug> SchedulerConnector<R> for SaveScheduler<R> {
@@ -72,6 +79,10 @@ impl<R: Eq + Hash + Clone + Debug, T: StoreTask> WorkerConnector<R> for SaveTrac
     fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
         SaveTracker::get_finished(self, finished)
     }
+
+    fn will_report(&self, request: &R) -> bool {
+        self.is_tracked(request)
+    }
 }
 
 impl<R, C: SchedulerConnector<R> + ?Sized> SchedulerConnector<R> for Box<C> {
@@ -83,6 +94,10 @@ impl<R, C: SchedulerConnector<R> + ?Sized> SchedulerConnector<R> for Box<C> {
 impl<R, C: WorkerConnector<R> + ?Sized> WorkerConnector<R> for Box<C> {
     fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
         (**self).get_finished(finished)
+    }
+
+    fn will_report(&self, request: &R) -> bool {
+        (**self).will_report(request)
     }
 }
 
@@ -97,8 +112,18 @@ impl<R, C: WorkerConnector<R> + ?Sized> WorkerConnector<R> for Box<C> {
 /// so one connector reporting a request twice can never stand in for
 /// another's report.
 ///
-/// Worker side: [`get_finished_each`](Self::get_finished_each) asks every
-/// inner connector and returns their reports tagged with its index.
+/// Worker side, two ways:
+/// - as a [`WorkerConnector`], it **folds** its inner connectors' reports
+///   into one per request: when a request finishes it notes which inner
+///   connectors owe a report ([`WorkerConnector::will_report`]), and
+///   reports the request once every one of them has. This is what an
+///   aggregator expecting exactly one report per worker (vLLM's) needs;
+/// - [`get_finished_each`](Self::get_finished_each) returns the inner
+///   reports tagged with their index instead, for a scheduler-side
+///   `MultiConnector` to fold with [`finished_sending`](Self::finished_sending).
+///
+/// One `MultiConnector` value is either the scheduler's or a worker's: the
+/// two sides keep their owed reports in the same map.
 ///
 /// ```
 /// use kvtier::{save::MultiConnector, SaveScheduler, save::SchedulerConnector};
@@ -243,6 +268,72 @@ where
     }
 }
 
+impl<C, R> WorkerConnector<R> for MultiConnector<C, R>
+where
+    C: WorkerConnector<R>,
+    R: Eq + Hash + Clone + Debug,
+{
+    /// One report per request for the whole worker: a finished request is
+    /// reported once every inner connector that owed a report of it when it
+    /// finished has reported it; an inner report nobody owes is refused
+    /// (counted in [`unexpected_reports`](MultiConnector::unexpected_reports)
+    /// and logged), never passed on.
+    ///
+    /// ```
+    /// use kvtier::{SaveScheduler, SaveTracker, StoreTask, save::{MultiConnector, TaskError, WorkerConnector}};
+    ///
+    /// struct Done;
+    /// impl StoreTask for Done {
+    ///     fn check(&self) -> bool { true }
+    ///     fn wait(self) -> Result<(), TaskError> { Ok(()) }
+    /// }
+    ///
+    /// // Two save paths in one worker (a local and a remote store), each with
+    /// // its tracker; only the first saves request 2.
+    /// let (mut local, mut remote) = (SaveScheduler::new(), SaveScheduler::new());
+    /// let mut worker = MultiConnector::new(vec![SaveTracker::<u64, Done>::new(), SaveTracker::new()]);
+    /// worker.inner_mut()[0].begin_step(&local.record_step([(1, 4), (2, 4)]))?;
+    /// worker.inner_mut()[1].begin_step(&remote.record_step([(1, 4)]))?;
+    /// worker.inner_mut()[0].submit(Done, &[1, 2]);
+    ///
+    /// // Request 1 is reported once, though both paths delayed it.
+    /// assert_eq!(worker.get_finished(&[1, 2]), vec![2, 1]);
+    /// assert!(worker.get_finished(&[]).is_empty());
+    /// # Ok::<(), kvtier::save::StepError>(())
+    /// ```
+    fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
+        for request in finished {
+            if self.outstanding.contains_key(request) {
+                continue;
+            }
+            // Asked before the inner connectors see `finished`: one that
+            // reports the request in this very call forgets it then.
+            let owed: Vec<Owed> = self
+                .inner
+                .iter()
+                .map(|connector| match connector.will_report(request) {
+                    true => Owed::Report,
+                    false => Owed::Nothing,
+                })
+                .collect();
+            if owed.contains(&Owed::Report) {
+                self.outstanding.insert(request.clone(), owed);
+            }
+        }
+        let reports = self.get_finished_each(finished);
+        // guard: S2-fold-waits-for-every-path
+        self.finished_sending(reports).free
+    }
+
+    fn will_report(&self, request: &R) -> bool {
+        self.outstanding.contains_key(request)
+            || self
+                .inner
+                .iter()
+                .any(|connector| connector.will_report(request))
+    }
+}
+
 impl<C, R> SchedulerConnector<R> for MultiConnector<C, R>
 where
     C: SchedulerConnector<R>,
@@ -277,173 +368,5 @@ where
             }
         }
         true
-    }
-}
-
-/// What a batch of finished-sending reports did: the requests whose blocks
-/// may be freed now, and every report that was refused. A refusal never
-/// undoes the reports accepted beside it, so no free is lost to a bad
-/// report in the same batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "the requests in `free` must have their blocks freed"]
-pub struct Report<R: Debug> {
-    /// Requests every expected report has now arrived for: free their blocks.
-    pub free: Vec<R>,
-    /// Reports refused, with why, in report order.
-    pub refused: Vec<ReportError<R>>,
-}
-
-impl<R: Debug> Default for Report<R> {
-    fn default() -> Self {
-        Self {
-            free: Vec::new(),
-            refused: Vec::new(),
-        }
-    }
-}
-
-impl<R: Debug> Report<R> {
-    /// Whether every report was accepted.
-    pub fn is_clean(&self) -> bool {
-        self.refused.is_empty()
-    }
-}
-
-/// Why [`ReportAggregator::report`] or [`MultiConnector::finished_sending`]
-/// refused a report. For a `MultiConnector`, `worker` is the index of the
-/// inner connector that reported.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReportError<R: Debug> {
-    /// An aggregator for no workers: nobody could ever report, so no request
-    /// would ever be freed.
-    #[error("an aggregator needs at least one worker")]
-    NoWorkers,
-    /// The worker index is not below the aggregator's worker count.
-    #[error("worker {worker} does not exist ({workers} workers)")]
-    NoSuchWorker {
-        /// The index given.
-        worker: usize,
-        /// How many workers the aggregator counts.
-        workers: usize,
-    },
-    /// A report for a request whose free was not delayed, or was already
-    /// freed (S3).
-    #[error("worker {worker} reported {request:?}, which nobody waits for")]
-    Unexpected {
-        /// The reporting worker.
-        worker: usize,
-        /// The request reported.
-        request: R,
-    },
-    /// A second report of one request from one worker: counting it would
-    /// free the blocks before another worker's save is done.
-    #[error("worker {worker} reported {request:?} twice")]
-    Duplicate {
-        /// The reporting worker.
-        worker: usize,
-        /// The request reported.
-        request: R,
-    },
-}
-
-/// Frees a request only when every worker reported it, like vLLM's output
-/// aggregator under tensor parallelism — and, unlike a bare counter, rejects
-/// a duplicate report from one worker and a report nobody expects, so tests
-/// can prove each worker reports each delayed request exactly once.
-///
-/// ```
-/// use kvtier::save::ReportAggregator;
-///
-/// let mut frees = ReportAggregator::new(2)?;
-/// frees.expect(7u64); // request_finished(7) answered true
-/// frees.expect(8u64);
-/// assert!(frees.report(0, [7, 8])?.free.is_empty());
-/// let report = frees.report(1, [7, 999, 7])?;
-/// assert_eq!(report.free, vec![7]); // both workers reported 7: free it
-/// assert_eq!(report.refused.len(), 2); // 999 nobody waits for; 7 twice
-/// assert_eq!(frees.report(1, [8])?.free, vec![8]);
-/// # Ok::<(), kvtier::save::ReportError<u64>>(())
-/// ```
-#[derive(Debug)]
-pub struct ReportAggregator<R> {
-    workers: usize,
-    /// Which workers reported each expected request so far.
-    waiting: HashMap<R, Vec<bool>>,
-}
-
-impl<R: Eq + Hash + Clone + Debug> ReportAggregator<R> {
-    /// An aggregator for `workers` workers; [`ReportError::NoWorkers`] for
-    /// none.
-    pub fn new(workers: usize) -> Result<Self, ReportError<R>> {
-        // guard: S2-aggregator-needs-a-worker
-        if workers == 0 {
-            return Err(ReportError::NoWorkers);
-        }
-        Ok(Self {
-            workers,
-            waiting: HashMap::new(),
-        })
-    }
-
-    /// Expects a report of `request` from every worker (its free was delayed).
-    /// Returns false if it was already expected.
-    pub fn expect(&mut self, request: R) -> bool {
-        if self.waiting.contains_key(&request) {
-            return false;
-        }
-        self.waiting.insert(request, vec![false; self.workers]);
-        true
-    }
-
-    /// Takes one worker's reports: returns the requests every worker has
-    /// now reported (free them), in report order, with the reports refused
-    /// (a request nobody waits for, a second report from this worker). Every
-    /// report is looked at; a refused one never swallows the others, so no
-    /// free is lost. An error only for a worker that does not exist, and
-    /// then nothing was taken.
-    pub fn report(
-        &mut self,
-        worker: usize,
-        reported: impl IntoIterator<Item = R>,
-    ) -> Result<Report<R>, ReportError<R>> {
-        if worker >= self.workers {
-            return Err(ReportError::NoSuchWorker {
-                worker,
-                workers: self.workers,
-            });
-        }
-        let mut report = Report::default();
-        for request in reported {
-            let Some(seen) = self.waiting.get_mut(&request) else {
-                report
-                    .refused
-                    // guard: S3-aggregator-keeps-the-batch
-                    .push(ReportError::Unexpected { worker, request });
-                continue;
-            };
-            if seen[worker] {
-                report
-                    .refused
-                    .push(ReportError::Duplicate { worker, request });
-                continue;
-            }
-            seen[worker] = true;
-            if seen.iter().all(|reported| *reported) {
-                self.waiting.remove(&request);
-                report.free.push(request);
-            }
-        }
-        Ok(report)
-    }
-
-    /// Requests still waiting for some worker's report.
-    pub fn waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    /// Whether `request` waits for reports.
-    pub fn is_waiting(&self, request: &R) -> bool {
-        self.waiting.contains_key(request)
     }
 }

@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::time::Instant;
 
 use hashbrown::{HashMap, HashSet};
 
-use super::stats::SaveStats;
+use super::stats::{SaveLatency, SaveStats};
 use super::task::{TaskError, TaskId};
+use super::tracker::StepError;
 
 /// Above this many requests per task, duplicates are found with a set.
 const DEDUPE_BY_SCAN: usize = 16;
@@ -48,6 +50,8 @@ pub(crate) enum Check {
 struct Open<R, T> {
     task: T,
     members: Vec<R>,
+    /// When it was opened (submitted).
+    opened: Instant,
     /// Its check panicked once (counted and logged then, not again).
     check_panicked: bool,
 }
@@ -59,6 +63,8 @@ struct Open<R, T> {
 #[derive(Debug)]
 pub(crate) struct SaveLedger<R, T> {
     next_task: u64,
+    /// The sequence number of the step to take next.
+    next_step: u64,
     /// Recorded requests not reported yet, with whether they have finished.
     recorded: HashMap<R, bool>,
     /// Finished recorded requests not reported yet, in the order they
@@ -70,6 +76,8 @@ pub(crate) struct SaveLedger<R, T> {
     /// recorded or not (the preemption fence covers both).
     by_request: HashMap<R, Vec<TaskId>>,
     stats: SaveStats,
+    /// How long closed tasks ran, from open to close.
+    latency: SaveLatency,
 }
 
 impl<R, T> SaveLedger<R, T> {
@@ -83,11 +91,13 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     pub(crate) fn new() -> Self {
         Self {
             next_task: 0,
+            next_step: 0,
             recorded: HashMap::new(),
             finishing: Vec::new(),
             tasks: BTreeMap::new(),
             by_request: HashMap::new(),
             stats: SaveStats::default(),
+            latency: SaveLatency::default(),
         }
     }
 
@@ -95,12 +105,40 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         self.stats
     }
 
+    pub(crate) fn latency(&self) -> SaveLatency {
+        self.latency
+    }
+
+    /// The sequence number of the step to take next.
+    pub(crate) fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Whether step `step` is the one to take next; nothing changes either
+    /// way.
+    pub(crate) fn expect_step(&self, step: u64) -> Result<(), StepError> {
+        let expected = self.next_step;
+        match step.cmp(&expected) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Greater => Err(StepError::Skipped {
+                expected,
+                got: step,
+            }),
+            std::cmp::Ordering::Less => Err(StepError::Repeated {
+                expected,
+                got: step,
+            }),
+        }
+    }
+
     /// Records a step's saving requests: from now on their free is delayed.
+    /// The step is the one [`expect_step`](Self::expect_step) accepted.
     pub(crate) fn begin_step<'r>(&mut self, requests: impl IntoIterator<Item = &'r R>)
     where
         R: 'r,
     {
         self.stats.steps += 1;
+        self.next_step += 1;
         for request in requests {
             if !self.recorded.contains_key(request) {
                 self.recorded.insert(request.clone(), false);
@@ -109,9 +147,9 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         }
     }
 
-    /// Opens `task`, reading the blocks of `requests` (duplicates ignored);
-    /// the ledger holds it until it is closed.
-    pub(crate) fn open_task(&mut self, requests: &[R], task_value: T) -> TaskId {
+    /// Opens `task` at `now`, reading the blocks of `requests` (duplicates
+    /// ignored); the ledger holds it until it is closed.
+    pub(crate) fn open_task(&mut self, requests: &[R], task_value: T, now: Instant) -> TaskId {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.stats.tasks_submitted += 1;
@@ -145,6 +183,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             Open {
                 task: task_value,
                 members,
+                opened: now,
                 check_panicked: false,
             },
         );
@@ -184,24 +223,26 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     }
 
     /// Closes a running task: hands its value to `wait` (which consumes it,
-    /// releasing its handle, and says how it ended), then removes the task
-    /// from every request it read. Returns false for a task that is not
-    /// running.
+    /// releasing its handle, and says how and when it ended), then removes
+    /// the task from every request it read. Returns false for a task that is
+    /// not running.
     pub(crate) fn close_task(
         &mut self,
         task: TaskId,
         how: Closed,
-        wait: impl FnOnce(T) -> Ended,
+        wait: impl FnOnce(T) -> (Ended, Instant),
     ) -> bool {
         let Some(Open {
             task: value,
             members,
+            opened,
             ..
         }) = self.tasks.remove(&task)
         else {
             return false;
         };
-        let ended = wait(value);
+        let (ended, at) = wait(value);
+        self.latency.record(at.saturating_duration_since(opened));
         // guard: S2-failed-wait-closes-task
         self.unlink(task, &members);
         match how {
@@ -385,10 +426,14 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
 mod tests {
     use super::*;
 
+    fn ok_now(_: ()) -> (Ended, Instant) {
+        (Ended::Returned(Ok(())), Instant::now())
+    }
+
     fn ledger_with_task() -> (SaveLedger<u64, ()>, TaskId) {
         let mut ledger = SaveLedger::new();
         ledger.begin_step(&[1, 2]);
-        let task = ledger.open_task(&[1, 2, 1], ());
+        let task = ledger.open_task(&[1, 2, 1], (), Instant::now());
         (ledger, task)
     }
 
@@ -397,8 +442,9 @@ mod tests {
         let (mut ledger, task) = ledger_with_task();
         assert_eq!(ledger.tasks[&task].members, vec![1, 2]);
         assert_eq!(ledger.tasks_of(&[2]), vec![task]);
-        assert!(ledger.close_task(task, Closed::Reaped, |()| Ended::Returned(Ok(()))));
-        assert!(!ledger.close_task(task, Closed::Reaped, |()| Ended::Returned(Ok(()))));
+        assert!(ledger.close_task(task, Closed::Reaped, ok_now));
+        assert!(!ledger.close_task(task, Closed::Reaped, ok_now));
+        assert_eq!(ledger.latency().count(), 1, "timed once, when it closed");
         assert!(ledger.tasks_of(&[1, 2]).is_empty());
         assert_eq!(ledger.stats().tasks_reaped, 1);
         ledger.check_invariants().unwrap();
@@ -408,9 +454,10 @@ mod tests {
     fn tasks_of_is_ascending_and_deduplicated() {
         let mut ledger = SaveLedger::new();
         ledger.begin_step(&[1, 2]);
-        let a = ledger.open_task(&[2], ());
-        let b = ledger.open_task(&[1, 2], ());
-        let c = ledger.open_task(&[1], ());
+        let now = Instant::now();
+        let a = ledger.open_task(&[2], (), now);
+        let b = ledger.open_task(&[1, 2], (), now);
+        let c = ledger.open_task(&[1], (), now);
         assert_eq!(ledger.tasks_of(&[1, 2]), vec![a, b, c]);
         assert_eq!(ledger.tasks_of(&[1]), vec![b, c]);
         assert_eq!(ledger.running().collect::<Vec<_>>(), vec![a, b, c]);
@@ -471,8 +518,8 @@ mod tests {
             Ended::Returned(Err(TaskError::failed("x"))),
         ];
         for ended in endings {
-            let task = ledger.open_task(&[], ended);
-            assert!(ledger.close_task(task, Closed::Waited, |ended| ended));
+            let task = ledger.open_task(&[], ended, Instant::now());
+            assert!(ledger.close_task(task, Closed::Waited, |ended| (ended, Instant::now())));
         }
         let stats = ledger.stats();
         assert_eq!(

@@ -10,17 +10,18 @@
 mod completion;
 mod compose;
 mod ledger;
+mod report;
 mod scheduler;
 mod stats;
 mod task;
 mod tracker;
+pub mod wire;
 
 pub use crate::invariant::InvariantViolation;
 pub use completion::{Completer, CompletionTask};
-pub use compose::{
-    MultiConnector, Report, ReportAggregator, ReportError, SchedulerConnector, WorkerConnector,
-};
+pub use compose::{MultiConnector, SchedulerConnector, WorkerConnector};
+pub use report::{Report, ReportAggregator, ReportError, WorkerReport};
 pub use scheduler::{SaveScheduler, SaveStep, SchedulerSaveStats};
-pub use stats::SaveStats;
+pub use stats::{SaveLatency, SaveStats};
 pub use task::{StoreTask, TaskError, TaskId};
-pub use tracker::{CompletionMode, SaveTracker};
+pub use tracker::{CompletionMode, SaveTracker, StepError};

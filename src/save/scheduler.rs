@@ -5,22 +5,33 @@ use std::fmt::Debug;
 use std::hash::BuildHasher;
 use std::hash::Hash;
 
-/// The saving requests of one step, as the scheduler recorded them: the
-/// metadata it ships to every worker.
+/// One step's save metadata, as the scheduler recorded it: what it ships to
+/// every worker.
 ///
-/// Only [`SaveScheduler::record_step`] makes one, and the workers record
-/// exactly its requests ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)),
+/// It carries the step's sequence number, the requests that save blocks in
+/// it, the requests preempted since the previous step (the workers' fence)
+/// and the delayed requests that finished since the previous step (what the
+/// workers report once their saves are done).
+///
+/// Only [`SaveScheduler::record_step`] makes one — or the wire decoder
+/// ([`SaveStep::decode`]), from bytes a scheduler encoded — and the workers
+/// record exactly its requests ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)),
 /// so the scheduler's set and each worker's set are built from one value and
 /// cannot disagree (S6): a code path that builds a step's metadata without
 /// recording it on the scheduler side has no way to produce a `SaveStep`.
+/// The sequence number carries that across processes: a worker refuses a
+/// step that does not follow the last one it took.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaveStep<R> {
-    step: u64,
-    requests: Vec<R>,
+    pub(crate) step: u64,
+    pub(crate) requests: Vec<R>,
+    pub(crate) preempted: Vec<R>,
+    pub(crate) finished: Vec<R>,
 }
 
 impl<R> SaveStep<R> {
-    /// The step's number (0 for a scheduler's first step).
+    /// The step's sequence number (0 for a scheduler's first step, then one
+    /// more each step).
     pub fn step(&self) -> u64 {
         self.step
     }
@@ -30,9 +41,25 @@ impl<R> SaveStep<R> {
         &self.requests
     }
 
-    /// Whether nobody saves this step.
+    /// The requests preempted since the previous step
+    /// ([`SaveScheduler::preempt`]): the worker waits for their saves before
+    /// this step's forward pass may overwrite their blocks.
+    pub fn preempted(&self) -> &[R] {
+        &self.preempted
+    }
+
+    /// The delayed requests that finished since the previous step (those
+    /// [`SaveScheduler::request_finished`] answered true for), in the order
+    /// they finished: what a worker passes to
+    /// [`get_finished`](crate::SaveTracker::get_finished).
+    pub fn finished(&self) -> &[R] {
+        &self.finished
+    }
+
+    /// Whether the step carries nothing: nobody saves, nobody was preempted,
+    /// nobody finished.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
+        self.requests.is_empty() && self.preempted.is_empty() && self.finished.is_empty()
     }
 }
 
@@ -64,11 +91,19 @@ pub struct SchedulerSaveStats {
 /// assert!(scheduler.request_finished(&"a")); // delay: "a" has a save in flight
 /// assert!(!scheduler.request_finished(&"a")); // answered once, then forgotten
 /// assert!(!scheduler.request_finished(&"b")); // never saved: free at once
+///
+/// // The next step tells the workers that "a" finished.
+/// let next = scheduler.record_step([]);
+/// assert_eq!((next.step(), next.finished()), (1, &["a"][..]));
 /// ```
 #[derive(Debug)]
 pub struct SaveScheduler<R> {
     next_step: u64,
     delayed: HashSet<R>,
+    /// Preempted since the last step was recorded: the next step carries them.
+    preempted: Vec<R>,
+    /// Delayed requests finished since the last step was recorded.
+    finished: Vec<R>,
     stats: SchedulerSaveStats,
 }
 
@@ -84,6 +119,8 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
         Self {
             next_step: 0,
             delayed: HashSet::new(),
+            preempted: Vec::new(),
+            finished: Vec::new(),
             stats: SchedulerSaveStats::default(),
         }
     }
@@ -91,7 +128,8 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
     /// Records, while the step's metadata is built, every request with a
     /// non-empty save range (`(request, blocks to save)` pairs; zero-length
     /// ranges are skipped) and returns the step's [`SaveStep`] for the
-    /// workers. A request listed twice is recorded once.
+    /// workers, with the preemptions and delayed finishes since the last
+    /// step. A request listed twice is recorded once.
     pub fn record_step(&mut self, saves: impl IntoIterator<Item = (R, usize)>) -> SaveStep<R> {
         let step = self.next_step;
         self.next_step += 1;
@@ -116,7 +154,24 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
             }
             requests.push(request);
         }
-        SaveStep { step, requests }
+        SaveStep {
+            step,
+            requests,
+            preempted: std::mem::take(&mut self.preempted),
+            finished: std::mem::take(&mut self.finished),
+        }
+    }
+
+    /// Notes requests preempted by the scheduler (their blocks are freed at
+    /// once and may be reused); the next recorded step carries them, so each
+    /// worker waits for their saves before its forward pass overwrites the
+    /// blocks. They stay recorded: a preempted request resumes and finishes
+    /// later.
+    pub fn preempt<'r>(&mut self, requests: impl IntoIterator<Item = &'r R>)
+    where
+        R: 'r,
+    {
+        self.preempted.extend(requests.into_iter().cloned());
     }
 
     /// Called once when `request` finishes: true means "do not free its
@@ -128,6 +183,8 @@ impl<R: Eq + Hash + Clone + Debug> SaveScheduler<R> {
         let delay = self.delayed.remove(request);
         if delay {
             self.stats.delayed += 1;
+            // guard: S2-step-carries-the-finish
+            self.finished.push(request.clone());
         } else {
             self.stats.freed_at_once += 1;
         }
@@ -162,6 +219,27 @@ mod tests {
         assert_eq!((first.step(), first.is_empty()), (0, true));
         assert_eq!((second.step(), second.is_empty()), (1, false));
         assert_eq!(second.requests(), &["a"]);
+    }
+
+    #[test]
+    fn a_step_carries_the_preemptions_and_delayed_finishes_since_the_last_one() {
+        let mut scheduler = SaveScheduler::new();
+        scheduler.record_step([("a", 1), ("b", 1)]);
+        scheduler.preempt(&["b"]);
+        assert!(scheduler.request_finished(&"a"));
+        assert!(!scheduler.request_finished(&"c")); // not delayed: workers need not hear of it
+        let step = scheduler.record_step([("b", 1)]);
+        assert_eq!(step.preempted(), &["b"]);
+        assert_eq!(step.finished(), &["a"]);
+        assert!(
+            scheduler.is_delayed(&"b"),
+            "a preempted request stays recorded"
+        );
+        let next = scheduler.record_step([]);
+        assert!(
+            next.is_empty(),
+            "each preemption and finish is carried once"
+        );
     }
 
     #[test]

@@ -5,10 +5,12 @@ use std::fmt::{Debug, Display};
 use std::hash::Hash;
 use std::mem;
 use std::panic::{self, AssertUnwindSafe};
+use std::time::Instant;
 
 use super::ledger::{Check, Closed, Ended, SaveLedger};
+use super::report::WorkerReport;
 use super::scheduler::SaveStep;
-use super::stats::SaveStats;
+use super::stats::{SaveLatency, SaveStats};
 use super::task::{StoreTask, TaskId};
 use crate::fault::take_panic;
 use crate::invariant::InvariantViolation;
@@ -27,23 +29,52 @@ pub enum CompletionMode {
     Blocking,
 }
 
+/// Why [`SaveTracker::begin_step`] refused a step. A refused step changes
+/// nothing: the tracker still expects the step it expected before, so a
+/// step that arrived early can be offered again once the missing ones came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// Steps before this one never arrived: taking it would lose their saving
+    /// requests, whose blocks the scheduler then keeps until they are
+    /// reported — which this worker could never do.
+    #[error("step {got} arrived while step {expected} was due: {} step(s) missing", got - expected)]
+    Skipped {
+        /// The step the tracker expected.
+        expected: u64,
+        /// The step offered.
+        got: u64,
+    },
+    /// The step was already taken (a step sent twice, or an old one replayed).
+    #[error("step {got} arrived again (step {expected} was due)")]
+    Repeated {
+        /// The step the tracker expected.
+        expected: u64,
+        /// The step offered.
+        got: u64,
+    },
+}
+
 /// One worker's deferred save completion.
 ///
 /// Saves run asynchronously; a finished request's blocks may be released
 /// only after every save reading them is done. Each step the worker:
 ///
 /// 1. calls [`begin_step`](Self::begin_step) with the scheduler's
-///    [`SaveStep`] — first, before any early return, so that every worker
-///    (including one that saves nothing itself) tracks the same requests;
+///    [`SaveStep`] — first, before the forward pass and before any early
+///    return, so that every worker (including one that saves nothing
+///    itself) tracks the same requests; this also runs the preemption fence
+///    for the step's preempted requests;
 /// 2. [`submit`](Self::submit)s its save tasks (one per step, or one per
 ///    layer), or calls [`submit_failed`](Self::submit_failed) when the store
 ///    refuses one; neither blocks;
 /// 3. calls [`get_finished`](Self::get_finished) with the requests that
-///    finished, and hands the returned ids to the scheduler, which may now
-///    free their blocks.
+///    finished (the step's [`finished`](SaveStep::finished) list, or the
+///    engine's own), and hands the returned ids to the scheduler, which may
+///    now free their blocks.
 ///
-/// [`handle_preemptions`](Self::handle_preemptions) is the fence run before
-/// the forward pass that may overwrite preempted requests' blocks, and
+/// [`handle_preemptions`](Self::handle_preemptions) is the fence on its own,
+/// for engines that pass preemptions outside the step, and
 /// [`poll`](Self::poll) reaps completed tasks at any time.
 ///
 /// Every task is checked without blocking and waited exactly once; its
@@ -65,13 +96,17 @@ pub enum CompletionMode {
 ///
 /// // Step 1: request 7 saves 4 blocks, request 8 saves none.
 /// let step = scheduler.record_step([(7u64, 4), (8, 0)]);
-/// worker.begin_step(&step);
+/// worker.begin_step(&step)?;
 /// worker.submit(Instant, &[7]);
 ///
 /// // Both finish: only 7 delays its free, and only 7 is reported.
 /// assert!(scheduler.request_finished(&7));
 /// assert!(!scheduler.request_finished(&8));
 /// assert_eq!(worker.get_finished(&[7, 8]), vec![7]);
+///
+/// // Steps are taken in sequence: one taken twice is refused.
+/// assert!(worker.begin_step(&step).is_err());
+/// # Ok::<(), kvtier::save::StepError>(())
 /// ```
 pub struct SaveTracker<R, T> {
     /// Every running task and what it reads. Ordered by id, so `poll`
@@ -117,11 +152,33 @@ where
         self.mode
     }
 
-    /// Records the step's saving requests (from the scheduler's
-    /// [`SaveStep`]); their free stays delayed until this tracker reports them.
-    pub fn begin_step(&mut self, step: &SaveStep<R>) {
+    /// Takes the scheduler's next [`SaveStep`]: runs the preemption fence
+    /// for its [`preempted`](SaveStep::preempted) requests (see
+    /// [`handle_preemptions`](Self::handle_preemptions)), then records its
+    /// saving requests, whose free stays delayed until this tracker reports
+    /// them.
+    ///
+    /// Steps must come in sequence, starting at 0: a step that skips one, or
+    /// one already taken, is refused with a [`StepError`] and changes
+    /// nothing. Taking a step after a lost one would drop the lost step's
+    /// saving requests, whose blocks the scheduler keeps until this worker
+    /// reports them (S6 across a process boundary).
+    pub fn begin_step(&mut self, step: &SaveStep<R>) -> Result<(), StepError> {
+        // guard: S6-steps-in-sequence
+        self.ledger.expect_step(step.step())?;
+        if !step.preempted().is_empty() {
+            // guard: S5-step-drives-the-fence
+            self.handle_preemptions(step.preempted());
+        }
         // guard: S6-worker-records-the-step
         self.ledger.begin_step(step.requests());
+        Ok(())
+    }
+
+    /// The sequence number of the step [`begin_step`](Self::begin_step)
+    /// expects next.
+    pub fn next_step(&self) -> u64 {
+        self.ledger.next_step()
     }
 
     /// Takes over a submitted task that reads the blocks of `requests`.
@@ -129,7 +186,7 @@ where
     /// waited for by a fence or a blocking `get_finished`.
     pub fn submit(&mut self, task: T, requests: &[R]) -> TaskId {
         // guard: S4-task-kept-until-waited
-        self.ledger.open_task(requests, task)
+        self.ledger.open_task(requests, task, Instant::now())
     }
 
     /// A save for `requests` that the store refused. Nothing reads their
@@ -187,6 +244,18 @@ where
         self.ledger.report(&started)
     }
 
+    /// Ends a step on this worker: reports the requests of the step's
+    /// [`finished`](SaveStep::finished) list (and earlier ones) whose saves
+    /// are done, as [`get_finished`](Self::get_finished) does, in a
+    /// [`WorkerReport`] for the scheduler's
+    /// [`ReportAggregator::accept`](crate::save::ReportAggregator::accept),
+    /// with this tracker's counters and latency. Call it once per step taken
+    /// by [`begin_step`](Self::begin_step), with that step.
+    pub fn finish_step(&mut self, worker: u32, step: &SaveStep<R>) -> WorkerReport<R> {
+        let finished = self.get_finished(step.finished());
+        WorkerReport::new(worker, step.step(), finished, self.stats(), self.latency())
+    }
+
     /// The preemption fence: waits for every task that reads blocks of a
     /// `preempted` request, and for no other. When it returns, the scheduler
     /// may overwrite those blocks. The requests stay tracked (a preempted
@@ -215,6 +284,14 @@ where
     /// A snapshot of the counters.
     pub fn stats(&self) -> SaveStats {
         self.ledger.stats()
+    }
+
+    /// How long the closed tasks took, from [`submit`](Self::submit) to the
+    /// poll, fence or wait that closed them (a histogram; see
+    /// [`SaveLatency`](crate::save::SaveLatency)). Kept apart from
+    /// [`stats`](Self::stats), whose counters are deterministic.
+    pub fn latency(&self) -> SaveLatency {
+        self.ledger.latency()
     }
 
     /// Tasks submitted and not yet reaped or waited.
@@ -259,7 +336,7 @@ where
     /// the task value is consumed by `wait`, which releases its handle.
     fn close(&mut self, id: TaskId, how: Closed) {
         let closed = self.ledger.close_task(id, how, |task| {
-            match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
+            let ended = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
                 Ok(outcome) => {
                     if let Err(error) = &outcome {
                         tracing::warn!(task = %id, %error, "a save did not complete; its requests are still reported");
@@ -270,7 +347,8 @@ where
                     tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
                     Ended::Panicked
                 }
-            }
+            };
+            (ended, Instant::now())
         });
         debug_assert!(closed, "S4: {id} closed twice");
     }
@@ -309,7 +387,9 @@ mod tests {
 
     fn tracker_of(requests: &[u64]) -> SaveTracker<u64, Ends> {
         let mut tracker = SaveTracker::new();
-        tracker.begin_step(&SaveScheduler::new().record_step(requests.iter().map(|r| (*r, 1))));
+        tracker
+            .begin_step(&SaveScheduler::new().record_step(requests.iter().map(|r| (*r, 1))))
+            .expect("steps in sequence");
         tracker
     }
 
@@ -321,7 +401,9 @@ mod tests {
         );
         let mut tracker = SaveTracker::with_mode(CompletionMode::Blocking);
         assert_eq!(tracker.mode(), CompletionMode::Blocking);
-        tracker.begin_step(&SaveScheduler::new().record_step([(1u64, 1)]));
+        tracker
+            .begin_step(&SaveScheduler::new().record_step([(1u64, 1)]))
+            .expect("steps in sequence");
         tracker.submit(Ends(Ok(())), &[1]);
         tracker.submit(Ends(Ok(())), &[1]);
         assert_eq!(tracker.poll(), 2);
@@ -362,7 +444,9 @@ mod tests {
             }
         }
         let mut tracker = SaveTracker::new();
-        tracker.begin_step(&SaveScheduler::new().record_step([(1u64, 1)]));
+        tracker
+            .begin_step(&SaveScheduler::new().record_step([(1u64, 1)]))
+            .expect("steps in sequence");
         tracker.submit(Panics, &[1]);
         let (reported, log) = logged(|| tracker.get_finished(&[1]));
         assert!(reported.is_empty(), "a non-blocking call never waits");

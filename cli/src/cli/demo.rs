@@ -339,7 +339,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), Failure> {
 
         let save_step =
             scheduler.record_step(saves.iter().map(|(id, keys, _)| (id.clone(), keys.len())));
-        worker.begin_step(&save_step);
+        worker.begin_step(&save_step).expect("steps in sequence");
         for (id, keys, slow) in &saves {
             for key in keys {
                 let task = if *slow {
@@ -530,7 +530,7 @@ fn short(message: &str) -> &str {
 }
 
 /// A temporary directory removed when dropped (std only: no dependency).
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -538,7 +538,7 @@ impl Drop for TempDir {
     }
 }
 
-fn tempfile_dir() -> Result<TempDir, Failure> {
+pub(crate) fn tempfile_dir() -> Result<TempDir, Failure> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());

@@ -12,6 +12,8 @@ macro_rules! say {
 mod demo;
 mod probe;
 mod report;
+mod save_worker;
+mod saves;
 
 use std::process::ExitCode;
 
@@ -28,6 +30,8 @@ use clap::{Parser, Subcommand};
   kvtier demo --dir ./kv-demo                   # ... keeping the tier in ./kv-demo
   kvtier probe --fs /mnt/nfs/kv-cache           # lookup latency and throughput on a mount
   kvtier probe --s3 's3://kv-cache/llama?endpoint=http://127.0.0.1:9000' --keys 2000 --json
+  kvtier saves --workers 2 --steps 500          # scheduler + 2 worker processes, checked frees
+  kvtier saves --kill 1@40                      # ... with worker 1 killed -9 at step 40
 
 Exit codes: 0 success, 1 failure during the run, 2 bad input, 3 storage unreachable."
 )]
@@ -50,6 +54,15 @@ enum Command {
     /// tokio driver against your storage (read-only except for creating the
     /// namespace directory on --fs).
     Probe(probe::ProbeArgs),
+    /// Deferred saves across processes: this process schedules, worker
+    /// processes save on a real fs tier; steps and reports travel encoded
+    /// over pipes, and every free is checked against the files on disk.
+    /// Faults on demand (--kill, --drop-step, --repeat-step).
+    Saves(saves::SavesArgs),
+    /// One worker of `kvtier saves` (started by it): steps on stdin,
+    /// reports on stdout.
+    #[command(hide = true)]
+    SaveWorker(save_worker::SaveWorkerArgs),
 }
 
 /// A failure with its exit code: 1 during the run, 2 bad input, 3 storage
@@ -106,6 +119,8 @@ pub(crate) fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Probe(args) => probe::run(&args),
+        Command::Saves(args) => saves::run(&args),
+        Command::SaveWorker(args) => save_worker::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
