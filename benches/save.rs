@@ -3,6 +3,12 @@
 //! `get_finished`, per task, next to a bare loop calling `check` on the
 //! same tasks (the least any poll-based tracker must do).
 //!
+//! The wire form: encoding and decoding one step's metadata (256 saving
+//! requests with `String` ids, 16 preempted, 16 finished) and one worker's
+//! report of 256 finished requests, next to what the scheduler does for the
+//! step anyway (`record_step`) and to cloning the step (the allocations any
+//! decoder of owned ids must make).
+//!
 //! `cargo bench --bench save`; tasks are the crate's `CompletionTask`s.
 
 #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
@@ -109,7 +115,72 @@ mod bench {
         group.finish();
     }
 
-    criterion::criterion_group!(all, save_tracking);
+    const STEP_IDS: usize = 256;
+
+    fn ids(from: usize, count: usize) -> Vec<String> {
+        (from..from + count)
+            .map(|n| format!("cmpl-{n:08x}"))
+            .collect()
+    }
+
+    fn wire(c: &mut Criterion) {
+        use kvtier::SaveStep;
+        use kvtier::save::WorkerReport;
+
+        let mut group = c.benchmark_group("wire");
+        group.throughput(Throughput::Elements(STEP_IDS as u64));
+        let saving = ids(0, STEP_IDS);
+        let step = {
+            let mut scheduler = SaveScheduler::new();
+            scheduler.record_step(ids(1_000, 16).into_iter().map(|r| (r, 1)));
+            for request in ids(1_000, 16) {
+                scheduler.request_finished(&request);
+            }
+            scheduler.preempt(&ids(0, 16));
+            scheduler.record_step(saving.iter().cloned().map(|r| (r, 1)))
+        };
+        group.bench_function("baseline_record_step", |b| {
+            b.iter_batched(
+                || (SaveScheduler::new(), saving.clone()),
+                |(mut scheduler, saving)| {
+                    black_box(scheduler.record_step(saving.into_iter().map(|r| (r, 1))))
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        let mut out = Vec::new();
+        group.bench_function("encode_step", |b| {
+            b.iter(|| {
+                out.clear();
+                step.encode_into(&mut out);
+                black_box(out.len())
+            })
+        });
+        let bytes = step.encode();
+        group.bench_function("baseline_clone_step", |b| {
+            b.iter(|| black_box(step.clone()))
+        });
+        group.bench_function("decode_step", |b| {
+            b.iter(|| black_box(SaveStep::<String>::decode(black_box(&bytes)).unwrap()))
+        });
+        let (mut tracker, _) = tracker();
+        let report = WorkerReport::new(3, 17, saving.clone(), tracker.stats(), tracker.latency());
+        tracker.wait_all();
+        group.bench_function("encode_report", |b| {
+            b.iter(|| {
+                out.clear();
+                report.encode_into(&mut out);
+                black_box(out.len())
+            })
+        });
+        let bytes = report.encode();
+        group.bench_function("decode_report", |b| {
+            b.iter(|| black_box(WorkerReport::<String>::decode(black_box(&bytes)).unwrap()))
+        });
+        group.finish();
+    }
+
+    criterion::criterion_group!(all, save_tracking, wire);
 }
 
 #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]

@@ -492,6 +492,12 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--lib", "wire::tests::a_report_refuses"],
     ),
     Mutation(
+        "W3-list-bounded-by-input",
+        "a list's claimed length is not checked against the message before allocating: a 20-byte message can ask for exabytes",
+        [("        if !fits {", "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "wire::codec::tests::a_list_longer_than"],
+    ),
+    Mutation(
         "S5-fence-waits-preempted",
         "the preemption fence returns without waiting for the preempted requests' tasks",
         [("        for id in &fenced {", "        for id in fenced.iter().take(0) {")],

@@ -309,3 +309,36 @@ fn steps_and_reports_survive_the_wire_between_a_scheduler_and_two_workers() {
     assert_eq!(freed, (0..18).collect::<Vec<u64>>(), "each once, in order");
     assert_eq!(frees.waiting(), 0);
 }
+
+/// A save path that reports whatever it is told, owing nothing.
+struct Liar;
+
+impl WorkerConnector<u64> for Liar {
+    fn get_finished(&mut self, finished: &[u64]) -> Vec<u64> {
+        finished.to_vec()
+    }
+
+    fn will_report(&self, _: &u64) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_save_path_reporting_what_it_does_not_owe_is_refused_and_never_passed_on() {
+    let store = Store::default();
+    let mut scheduler = SaveScheduler::new();
+    let mut tracker = Tracker::new();
+    tracker
+        .begin_step(&scheduler.record_step([(1, 1)]))
+        .unwrap();
+    let task = store.start(&[1], Ending::Ok);
+    let id = task.id;
+    tracker.submit(task, &[1]);
+    let mut worker: MultiConnector<Box<dyn WorkerConnector<u64>>, u64> =
+        MultiConnector::new(vec![Box::new(tracker), Box::new(Liar)]);
+    // The liar reports 1 and 2 at once; 1's save still runs, 2 never saved.
+    assert!(worker.get_finished(&[1, 2]).is_empty());
+    assert_eq!(worker.unexpected_reports(), 2);
+    store.complete(id);
+    assert_eq!(worker.get_finished(&[]), vec![1]);
+}

@@ -190,3 +190,54 @@ proptest! {
         prop_assert!(wire::read_message(&mut reader, &mut message).unwrap().is_none());
     }
 }
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A version-1 report with no ids and zero counters whose histogram is the
+/// given (index, count) entries, written as they come: what the decoder
+/// must take exactly when a canonical encoder could have written it.
+fn report_with_histogram(entries: &[(u8, u64)]) -> Vec<u8> {
+    let mut body = vec![0, 0, 1, 0, 16];
+    body.extend_from_slice(&[0; 16]);
+    varint(&mut body, entries.len() as u64);
+    for (index, count) in entries {
+        body.push(*index);
+        varint(&mut body, *count);
+    }
+    let mut message = b"KVTW\x01\x02".to_vec();
+    message.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    message.extend_from_slice(&body);
+    message
+}
+
+proptest! {
+    #[test]
+    fn a_histogram_is_taken_only_in_its_one_encoding(
+        entries in prop::collection::vec((0..44u8, 0..4u64), 0..6),
+    ) {
+        let bytes = report_with_histogram(&entries);
+        let canonical = entries.windows(2).all(|pair| pair[0].0 < pair[1].0)
+            && entries.iter().all(|(index, count)| (*index as usize) < SaveLatency::BUCKETS && *count > 0);
+        match WorkerReport::<u64>::decode(&bytes) {
+            Ok(report) => {
+                prop_assert!(canonical, "{:?} taken", entries);
+                prop_assert_eq!(report.encode(), bytes);
+                let buckets = report.latency.buckets();
+                for (index, count) in &entries {
+                    prop_assert_eq!(buckets[*index as usize], *count);
+                }
+            }
+            Err(error) => {
+                prop_assert!(!canonical, "{:?} refused: {}", entries, error);
+                let refused = matches!(error, WireError::BadField { .. });
+                prop_assert!(refused, "{:?}: {}", entries, error);
+            }
+        }
+    }
+}

@@ -7,7 +7,8 @@
 //! channel from the scheduler lost or repeated a message: the worker
 //! refuses it, says why on stderr and exits with code 4, holding every
 //! request it has not reported (the scheduler must not free them on its
-//! own).
+//! own). At the end of its input it waits for every save still running and
+//! exits with code 5 if it still tracks a request it never reported.
 
 use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -22,6 +23,8 @@ use super::saves::{block_key, block_payload, rank_namespace};
 
 /// Exit code of a worker that refused a step or a message.
 pub(crate) const REFUSED: u8 = 4;
+/// Exit code of a worker that ended with requests it never reported.
+pub(crate) const LEFT_OVER: u8 = 5;
 
 #[derive(Debug, Args)]
 pub(crate) struct SaveWorkerArgs {
@@ -98,7 +101,19 @@ pub(crate) fn run(args: &SaveWorkerArgs) -> Result<(), Failure> {
         }
     }
     // The scheduler closed the channel: drain the saves still running, so
-    // no write is cut short when the process exits.
+    // no write is cut short when the process exits. A request still
+    // tracked now was never reported; after a run in which every request
+    // finished, that is a leak, and the exit code says so.
     tracker.wait_all();
+    if tracker.tracked_requests() > 0 {
+        return Err(Failure {
+            code: LEFT_OVER,
+            message: format!(
+                "rank {}: {} request(s) still tracked at the end, never reported",
+                args.rank,
+                tracker.tracked_requests()
+            ),
+        });
+    }
     Ok(())
 }

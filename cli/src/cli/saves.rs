@@ -49,7 +49,7 @@ pub(crate) struct SavesArgs {
     dir: Option<PathBuf>,
     /// Bytes per saved block, in KiB (every fifth request saves 16 times
     /// as much, so some saves outlast a step).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     block_kib: u32,
     /// Fault: kill -9 worker RANK right after sending it step STEP.
     #[arg(long, value_name = "RANK@STEP", value_parser = parse_fault)]
@@ -107,7 +107,11 @@ pub(crate) fn block_key(request: &str, step: u64) -> u64 {
 /// A block's bytes: its key, repeated; every fifth request's blocks (by
 /// key) are 16 times longer.
 pub(crate) fn block_payload(key: u64, bytes: usize) -> Vec<u8> {
-    let len = if key.is_multiple_of(5) { bytes * 16 } else { bytes };
+    let len = if key.is_multiple_of(5) {
+        bytes * 16
+    } else {
+        bytes
+    };
     let mut payload = key.to_le_bytes().repeat(len.div_ceil(8));
     payload.truncate(len);
     payload
@@ -272,6 +276,7 @@ pub(crate) fn run(args: &SavesArgs) -> Result<(), Failure> {
         worker.steps = None;
     }
     let mut notes = Vec::new();
+    let mut left_over = Vec::new();
     for worker in workers {
         let Worker {
             rank,
@@ -282,6 +287,17 @@ pub(crate) fn run(args: &SavesArgs) -> Result<(), Failure> {
         } = worker;
         let status = child.wait();
         let stderr = stderr.join().unwrap_or_default();
+        if lost.is_none() && !status.as_ref().is_ok_and(|s| s.success()) {
+            // A worker that was never lost must end cleanly: nothing left
+            // tracked, nothing running.
+            let status = status
+                .as_ref()
+                .map_or_else(|e| e.to_string(), |s| s.to_string());
+            left_over.push(format!(
+                "worker {rank} ended badly ({status}): {}",
+                stderr.trim()
+            ));
+        }
         if let Some((step, why)) = lost {
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
             let said = stderr.trim();
@@ -290,7 +306,12 @@ pub(crate) fn run(args: &SavesArgs) -> Result<(), Failure> {
         }
     }
     drop(temporary);
-    let (tally, latency, held) = outcome?;
+    let (mut tally, latency, held) = outcome?;
+    // With a worker lost the run stops before every request finished: the
+    // others then rightly end with requests they could not report.
+    if notes.is_empty() {
+        tally.violations.extend(left_over);
+    }
     report(args, &tally, &latency, held, &notes)?;
     if !tally.violations.is_empty() {
         return Err(Failure::run(format!(

@@ -190,6 +190,7 @@ impl<'a> Reader<'a> {
             .ok()
             .and_then(|count| count.checked_mul(R::MIN_LEN))
             .is_some_and(|bytes| bytes <= self.remaining());
+        // guard: W3-list-bounded-by-input
         if !fits {
             return Err(WireError::Truncated {
                 at,
