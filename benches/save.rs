@@ -152,11 +152,11 @@ mod bench {
         group.bench_function("encode_step", |b| {
             b.iter(|| {
                 out.clear();
-                step.encode_into(&mut out);
+                step.encode_into(&mut out).unwrap();
                 black_box(out.len())
             })
         });
-        let bytes = step.encode();
+        let bytes = step.encode().unwrap();
         group.bench_function("baseline_clone_step", |b| {
             b.iter(|| black_box(step.clone()))
         });
@@ -169,11 +169,11 @@ mod bench {
         group.bench_function("encode_report", |b| {
             b.iter(|| {
                 out.clear();
-                report.encode_into(&mut out);
+                report.encode_into(&mut out).unwrap();
                 black_box(out.len())
             })
         });
-        let bytes = report.encode();
+        let bytes = report.encode().unwrap();
         group.bench_function("decode_report", |b| {
             b.iter(|| black_box(WorkerReport::<String>::decode(black_box(&bytes)).unwrap()))
         });

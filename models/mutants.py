@@ -498,6 +498,12 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--lib", "wire::codec::tests::a_list_longer_than"],
     ),
     Mutation(
+        "W3-encoder-refuses-oversized",
+        "an encoder writes a body over the limit, which every decoder then refuses (or, past 4 GiB, a wrapped length)",
+        [("    if body > MAX_BODY {", "    if false {")],
+        TEST + ["-p", "kvtier", "--lib", "wire::tests::a_message_over_the_limit"],
+    ),
+    Mutation(
         "S5-fence-waits-preempted",
         "the preemption fence returns without waiting for the preempted requests' tasks",
         [("        for id in &fenced {", "        for id in fenced.iter().take(0) {")],

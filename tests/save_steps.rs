@@ -286,23 +286,24 @@ fn steps_and_reports_survive_the_wire_between_a_scheduler_and_two_workers() {
         if round % 2 == 0 {
             store.complete_all();
         }
-        let bytes = scheduler.record_step([(round, 1)]).encode();
+        let bytes = scheduler.record_step([(round, 1)]).encode().unwrap();
         for (rank, worker) in workers.iter_mut().enumerate() {
             let step = SaveStep::<u64>::decode(&bytes).unwrap();
             worker.begin_step(&step).unwrap();
             worker.submit(store.start(step.requests(), Ending::Ok), step.requests());
-            let report = worker.finish_step(rank as u32, &step).encode();
+            let report = worker.finish_step(rank as u32, &step).encode().unwrap();
             let report = WorkerReport::<u64>::decode(&report).unwrap();
             freed.extend(frees.accept(report).unwrap().free);
         }
     }
     store.complete_all();
     for _ in 0..2 {
-        let bytes = scheduler.record_step([]).encode();
+        let bytes = scheduler.record_step([]).encode().unwrap();
         for (rank, worker) in workers.iter_mut().enumerate() {
             let step = SaveStep::<u64>::decode(&bytes).unwrap();
             worker.begin_step(&step).unwrap();
-            let report = WorkerReport::decode(&worker.finish_step(rank as u32, &step).encode());
+            let report =
+                WorkerReport::decode(&worker.finish_step(rank as u32, &step).encode().unwrap());
             freed.extend(frees.accept(report.unwrap()).unwrap().free);
         }
     }

@@ -208,11 +208,15 @@ pub fn wire_decoder(data: &[u8]) {
     fn canonical<T: std::fmt::Debug>(
         data: &[u8],
         decoded: Result<T, WireError>,
-        encode: impl Fn(&T) -> Vec<u8>,
+        encode: impl Fn(&T) -> Result<Vec<u8>, WireError>,
     ) -> bool {
         match decoded {
             Ok(value) => {
-                assert_eq!(encode(&value), data, "decoded {value:?}, re-encoded");
+                assert_eq!(
+                    encode(&value).as_deref(),
+                    Ok(data),
+                    "decoded {value:?}, re-encoded"
+                );
                 true
             }
             Err(error) => {

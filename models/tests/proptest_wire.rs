@@ -87,7 +87,7 @@ fn reports() -> impl Strategy<Value = WorkerReport<u64>> {
 fn round_trips<R: WireId + PartialEq + std::fmt::Debug>(
     step: &SaveStep<R>,
 ) -> Result<(), TestCaseError> {
-    let bytes = step.encode();
+    let bytes = step.encode().unwrap();
     let decoded = SaveStep::<R>::decode(&bytes);
     prop_assert_eq!(decoded.as_ref(), Ok(step));
     prop_assert_eq!(
@@ -104,13 +104,13 @@ fn changes_are_caught<T: std::fmt::Debug>(
     at: usize,
     value: u8,
     decode: impl Fn(&[u8]) -> Result<T, WireError>,
-    encode: impl Fn(&T) -> Vec<u8>,
+    encode: impl Fn(&T) -> Result<Vec<u8>, WireError>,
 ) -> Result<(), TestCaseError> {
     let at = at % bytes.len();
     let mut changed = bytes.to_vec();
     changed[at] = value;
     if let Ok(decoded) = decode(&changed) {
-        prop_assert_eq!(encode(&decoded), changed);
+        prop_assert_eq!(encode(&decoded), Ok(changed));
     }
     prop_assert!(decode(&bytes[..at]).is_err(), "cut at {}", at);
     Ok(())
@@ -146,15 +146,15 @@ proptest! {
         round_trips(&strings)?;
         round_trips(&raw)?;
         // Each type reads only its own ids.
-        let other = matches!(SaveStep::<String>::decode(&numbers.encode()), Err(WireError::IdKind { .. }));
+        let other = matches!(SaveStep::<String>::decode(&numbers.encode().unwrap()), Err(WireError::IdKind { .. }));
         prop_assert!(other, "u64 ids read as strings");
-        let other = matches!(SaveStep::<u64>::decode(&raw.encode()), Err(WireError::IdKind { .. }));
+        let other = matches!(SaveStep::<u64>::decode(&raw.encode().unwrap()), Err(WireError::IdKind { .. }));
         prop_assert!(other, "raw ids read as u64");
     }
 
     #[test]
     fn reports_round_trip(report in reports()) {
-        let bytes = report.encode();
+        let bytes = report.encode().unwrap();
         prop_assert_eq!(WorkerReport::<u64>::decode(&bytes), Ok(report));
         let wrong = matches!(SaveStep::<u64>::decode(&bytes), Err(WireError::WrongKind { .. }));
         prop_assert!(wrong, "a report read as a step");
@@ -167,15 +167,15 @@ proptest! {
         at in any::<usize>(),
         value in any::<u8>(),
     ) {
-        changes_are_caught(&step.encode(), at, value, SaveStep::<String>::decode, SaveStep::encode)?;
-        changes_are_caught(&report.encode(), at, value, WorkerReport::<u64>::decode, WorkerReport::encode)?;
+        changes_are_caught(&step.encode().unwrap(), at, value, SaveStep::<String>::decode, SaveStep::encode)?;
+        changes_are_caught(&report.encode().unwrap(), at, value, WorkerReport::<u64>::decode, WorkerReport::encode)?;
     }
 
     #[test]
     fn a_stream_read_in_any_chunks_gives_back_every_message_in_order(
         messages in prop::collection::vec(prop_oneof![
-            steps(any::<u64>()).prop_map(|step| step.encode()),
-            reports().prop_map(|report| report.encode()),
+            steps(any::<u64>()).prop_map(|step| step.encode().unwrap()),
+            reports().prop_map(|report| report.encode().unwrap()),
         ], 0..6),
         sizes in prop::collection::vec(1..40usize, 1..5),
     ) {
@@ -227,7 +227,7 @@ proptest! {
         match WorkerReport::<u64>::decode(&bytes) {
             Ok(report) => {
                 prop_assert!(canonical, "{:?} taken", entries);
-                prop_assert_eq!(report.encode(), bytes);
+                prop_assert_eq!(report.encode().unwrap(), bytes);
                 let buckets = report.latency.buckets();
                 for (index, count) in &entries {
                     prop_assert_eq!(buckets[*index as usize], *count);

@@ -21,6 +21,7 @@ use kvtier::{
 
 use super::Failure;
 use super::report::{ms, ms_or_dash, quantile};
+use super::temp::tempfile_dir;
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -527,23 +528,4 @@ fn join(ids: &[&String]) -> String {
 /// The part of an error message after the path, for the timeline.
 fn short(message: &str) -> &str {
     message.rsplit(": ").next().unwrap_or(message)
-}
-
-/// A temporary directory removed when dropped (std only: no dependency).
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub(crate) fn tempfile_dir() -> Result<TempDir, Failure> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!("kvtier-demo-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|error| Failure::run(format!("temporary directory {}: {error}", dir.display())))?;
-    Ok(TempDir(dir))
 }

@@ -14,6 +14,7 @@ mod probe;
 mod report;
 mod save_worker;
 mod saves;
+mod temp;
 
 use std::process::ExitCode;
 

@@ -93,7 +93,8 @@ pub(crate) fn run(args: &SaveWorkerArgs) -> Result<(), Failure> {
         report.clear();
         tracker
             .finish_step(args.rank, &step)
-            .encode_into(&mut report);
+            .encode_into(&mut report)
+            .map_err(|error| refused(format!("rank {}: its report: {error}", args.rank)))?;
         let sent = output.write_all(&report).and_then(|()| output.flush());
         if sent.is_err() {
             // The scheduler is gone: nobody will free anything any more.

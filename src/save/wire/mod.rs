@@ -165,10 +165,11 @@ pub enum WireError {
         /// The kind in the header.
         found: MessageKind,
     },
-    /// The header declares a body longer than [`MAX_BODY`].
-    #[error("the header declares a {declared}-byte body, more than the {MAX_BODY} allowed")]
+    /// A body longer than [`MAX_BODY`]: declared by a header, or what an
+    /// encoder was asked to write.
+    #[error("a {declared}-byte message body, more than the {MAX_BODY} allowed")]
     TooLong {
-        /// The declared body length.
+        /// The body length.
         declared: usize,
     },
     /// The body is not as long as the header declares.
@@ -309,14 +310,17 @@ fn begin(out: &mut Vec<u8>, kind: MessageKind) -> usize {
     start
 }
 
-/// Writes the body length into the header begun at `start`.
-fn end(out: &mut [u8], start: usize) {
+/// Writes the body length into the header begun at `start`; a body over
+/// [`MAX_BODY`] is taken back out of `out` and refused.
+fn end(out: &mut Vec<u8>, start: usize) -> Result<(), WireError> {
     let body = out.len() - start - HEADER_LEN;
-    assert!(
-        body <= MAX_BODY,
-        "a {body}-byte message body is more than the wire format's {MAX_BODY}"
-    );
+    // guard: W3-encoder-refuses-oversized
+    if body > MAX_BODY {
+        out.truncate(start);
+        return Err(WireError::TooLong { declared: body });
+    }
     out[start + 6..start + 10].copy_from_slice(&(body as u32).to_le_bytes());
+    Ok(())
 }
 
 /// Checks the header of a message of `kind` and returns a reader over its
@@ -349,27 +353,24 @@ fn id_kind<R: WireId>(body: &mut Reader<'_>) -> Result<(), WireError> {
 
 impl<R: WireId> SaveStep<R> {
     /// The step as a version-1 message (see the [module docs](self) for the
-    /// layout).
-    ///
-    /// # Panics
-    ///
-    /// If the message would exceed [`MAX_BODY`] (about a million 64-byte
-    /// ids in one step).
-    pub fn encode(&self) -> Vec<u8> {
+    /// layout); [`WireError::TooLong`] if its body would exceed
+    /// [`MAX_BODY`] (about a million 64-byte ids in one step).
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let mut out = Vec::new();
-        self.encode_into(&mut out);
-        out
+        self.encode_into(&mut out)?;
+        Ok(out)
     }
 
-    /// Appends the step's message to `out` (reusing its allocation).
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    /// Appends the step's message to `out` (reusing its allocation); on an
+    /// error `out` is left as it was.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         let start = begin(out, MessageKind::Step);
         put_varint(out, self.step);
         out.push(R::KIND.byte());
         put_list(out, &self.requests);
         put_list(out, &self.preempted);
         put_list(out, &self.finished);
-        end(out, start);
+        end(out, start)
     }
 
     /// Decodes a step message; any other bytes give a [`WireError`], never
@@ -502,19 +503,17 @@ fn take_latency(body: &mut Reader<'_>) -> Result<SaveLatency, WireError> {
 }
 
 impl<R: WireId> WorkerReport<R> {
-    /// The report as a version-1 message (see the [module docs](self)).
-    ///
-    /// # Panics
-    ///
-    /// If the message would exceed [`MAX_BODY`].
-    pub fn encode(&self) -> Vec<u8> {
+    /// The report as a version-1 message (see the [module docs](self));
+    /// [`WireError::TooLong`] if its body would exceed [`MAX_BODY`].
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let mut out = Vec::new();
-        self.encode_into(&mut out);
-        out
+        self.encode_into(&mut out)?;
+        Ok(out)
     }
 
-    /// Appends the report's message to `out`.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    /// Appends the report's message to `out`; on an error `out` is left as
+    /// it was.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         let start = begin(out, MessageKind::Report);
         put_varint(out, u64::from(self.worker));
         put_varint(out, self.step);
@@ -525,7 +524,7 @@ impl<R: WireId> WorkerReport<R> {
             put_varint(out, value);
         }
         put_latency(out, &self.latency);
-        end(out, start);
+        end(out, start)
     }
 
     /// Decodes a report message; any other bytes give a [`WireError`],

@@ -27,7 +27,7 @@ fn steps_round_trip_with_every_list() {
     scheduler.preempt(&["b".to_string()]);
     assert!(scheduler.request_finished(&"a".to_string()));
     let step = step_of(&mut scheduler, &["b", "ü-ñ"]);
-    let bytes = step.encode();
+    let bytes = step.encode().unwrap();
     assert_eq!(SaveStep::<String>::decode(&bytes), Ok(step.clone()));
     assert_eq!(bytes[5], 1, "kind byte");
     assert_eq!(
@@ -36,15 +36,18 @@ fn steps_round_trip_with_every_list() {
     );
 
     let numbers = SaveScheduler::new().record_step([(u64::MAX, 1), (0, 2)]);
-    assert_eq!(SaveStep::<u64>::decode(&numbers.encode()), Ok(numbers));
+    assert_eq!(
+        SaveStep::<u64>::decode(&numbers.encode().unwrap()),
+        Ok(numbers)
+    );
     let raw = SaveScheduler::new().record_step([(vec![0u8, 255], 1), (Vec::new(), 1)]);
-    assert_eq!(SaveStep::<Vec<u8>>::decode(&raw.encode()), Ok(raw));
+    assert_eq!(SaveStep::<Vec<u8>>::decode(&raw.encode().unwrap()), Ok(raw));
 }
 
 #[test]
 fn an_empty_step_is_a_header_and_five_bytes() {
     let step = SaveScheduler::<u64>::new().record_step([]);
-    let bytes = step.encode();
+    let bytes = step.encode().unwrap();
     assert_eq!(
         bytes,
         [b'K', b'V', b'T', b'W', 1, 1, 5, 0, 0, 0, 0, 1, 0, 0, 0]
@@ -54,20 +57,23 @@ fn an_empty_step_is_a_header_and_five_bytes() {
 #[test]
 fn reports_round_trip_with_their_counters_and_latency() {
     let report = report();
-    let bytes = report.encode();
+    let bytes = report.encode().unwrap();
     let decoded = WorkerReport::<u64>::decode(&bytes).unwrap();
     assert_eq!(decoded, report);
     assert_eq!(decoded.latency.count(), 3);
     // encode_into appends: two messages in one buffer.
     let mut both = Vec::new();
-    report.encode_into(&mut both);
-    report.encode_into(&mut both);
+    report.encode_into(&mut both).unwrap();
+    report.encode_into(&mut both).unwrap();
     assert_eq!(both.len(), 2 * bytes.len());
 }
 
 #[test]
 fn the_header_is_checked_field_by_field() {
-    let bytes = SaveScheduler::<u64>::new().record_step([(1, 1)]).encode();
+    let bytes = SaveScheduler::<u64>::new()
+        .record_step([(1, 1)])
+        .encode()
+        .unwrap();
     let with = |index: usize, value: u8| {
         let mut copy = bytes.clone();
         copy[index] = value;
@@ -101,7 +107,10 @@ fn the_header_is_checked_field_by_field() {
 
 #[test]
 fn bodies_are_checked_to_the_last_byte() {
-    let bytes = SaveScheduler::<u64>::new().record_step([(1, 1)]).encode();
+    let bytes = SaveScheduler::<u64>::new()
+        .record_step([(1, 1)])
+        .encode()
+        .unwrap();
     // The id kind of another id type.
     assert_eq!(
         SaveStep::<String>::decode(&bytes),
@@ -129,7 +138,7 @@ fn bodies_are_checked_to_the_last_byte() {
 
 #[test]
 fn a_report_refuses_what_no_encoder_writes() {
-    let bytes = report().encode();
+    let bytes = report().encode().unwrap();
     // Locate the histogram: it is the tail after the 16 counters. Rebuild
     // one with a bad bucket order by hand.
     let empty = WorkerReport::new(
@@ -139,7 +148,8 @@ fn a_report_refuses_what_no_encoder_writes() {
         SaveStats::default(),
         SaveLatency::default(),
     )
-    .encode();
+    .encode()
+    .unwrap();
     let histogram_at = empty.len() - 1;
     let with_histogram = |tail: &[u8]| {
         let mut copy = empty[..histogram_at].to_vec();
@@ -195,9 +205,10 @@ fn read_message_frames_a_stream_and_tells_a_clean_end_from_a_cut() {
     for saving in [1, 2, 3] {
         scheduler
             .record_step([(saving, 1)])
-            .encode_into(&mut stream);
+            .encode_into(&mut stream)
+            .unwrap();
     }
-    report().encode_into(&mut stream);
+    report().encode_into(&mut stream).unwrap();
     let mut reader = &stream[..];
     let mut message = Vec::new();
     for expected in 0..3 {
@@ -239,4 +250,20 @@ fn errors_say_where_and_what() {
         WireError::UnsupportedVersion { found: 2 }.to_string(),
         "message version 2, but this build reads version 1 only"
     );
+}
+
+#[test]
+fn a_message_over_the_limit_is_refused_and_leaves_the_buffer_as_it_was() {
+    // 64 ids of 1 MiB: the body is a few bytes over MAX_BODY.
+    let step = SaveScheduler::new().record_step((0..64u8).map(|i| {
+        let mut id = vec![0u8; 1 << 20];
+        id[0] = i;
+        (id, 1)
+    }));
+    let mut out = b"kept".to_vec();
+    assert!(matches!(
+        step.encode_into(&mut out),
+        Err(WireError::TooLong { declared }) if declared > MAX_BODY
+    ));
+    assert_eq!(out, b"kept");
 }

@@ -1,0 +1,284 @@
+//! `kvtier saves`: deferred saves across processes. This process is the
+//! scheduler; it starts `--workers` worker processes (`kvtier save-worker`,
+//! this same binary), sends each step's encoded [`SaveStep`] down every
+//! worker's stdin and reads one encoded [`WorkerReport`] per worker and step
+//! from its stdout. The workers save real blocks on an [`FsTier`], one
+//! namespace per rank, under one root.
+//!
+//! The scheduler simulates requests that arrive, save a block in most
+//! steps, get preempted and resume, and finish; a finished request that
+//! saved is freed only when every worker reported it. It checks, against
+//! the files on disk, that no request is freed before every worker's saves
+//! for it are published (S1), that no request is freed twice and every one
+//! is freed or held (S2), and that after a step carrying a preemption every
+//! save of the preempted request is on disk (S5). Faults on demand: kill -9
+//! a worker after it received a step, drop a step on the way to one
+//! worker, or send one twice.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use clap::Args;
+use kvtier::FsTier;
+use kvtier::save::SaveLatency;
+use serde_json::json;
+
+use super::Failure;
+use super::report::ms_or_dash;
+use super::temp::{TempDir, tempfile_dir};
+
+mod blocks;
+mod drive;
+mod workers;
+
+pub(crate) use blocks::{block_key, block_payload, rank_namespace};
+use workers::{Worker, spawn_worker};
+
+#[derive(Debug, Args)]
+pub(crate) struct SavesArgs {
+    /// Worker processes (ranks).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(super) workers: u32,
+    /// Steps with arrivals, saves, preemptions and finishes; then every
+    /// request finishes and the run drains.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(super) steps: u64,
+    /// Seed of the simulated workload.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Keep the tier in this directory instead of a temporary one.
+    #[arg(long, value_name = "DIR")]
+    pub(super) dir: Option<PathBuf>,
+    /// Bytes per saved block, in KiB (every fifth request saves 16 times
+    /// as much, so some saves outlast a step).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(super) block_kib: u32,
+    /// Fault: kill -9 worker RANK right after sending it step STEP.
+    #[arg(long, value_name = "RANK@STEP", value_parser = parse_fault)]
+    pub(super) kill: Option<Fault>,
+    /// Fault: do not send step STEP to worker RANK (lost on the wire).
+    #[arg(long, value_name = "RANK@STEP", value_parser = parse_fault)]
+    pub(super) drop_step: Option<Fault>,
+    /// Fault: send step STEP to worker RANK twice.
+    #[arg(long, value_name = "RANK@STEP", value_parser = parse_fault)]
+    pub(super) repeat_step: Option<Fault>,
+    /// How long to wait for a worker's report before counting it lost.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub(super) report_timeout_ms: u64,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+/// A fault aimed at one worker and one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub(super) rank: u32,
+    pub(super) step: u64,
+}
+
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    let (rank, step) = text
+        .split_once('@')
+        .ok_or_else(|| format!("expected RANK@STEP, got {text:?}"))?;
+    let rank = rank
+        .parse()
+        .map_err(|_| format!("bad rank {rank:?} in {text:?}"))?;
+    let step = step
+        .parse()
+        .map_err(|_| format!("bad step {step:?} in {text:?}"))?;
+    Ok(Fault { rank, step })
+}
+/// What the run saw.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) steps: u64,
+    pub(super) requests: u64,
+    pub(super) saves: u64,
+    pub(super) preemptions: u64,
+    pub(super) delayed: u64,
+    pub(super) freed: u64,
+    pub(super) violations: Vec<String>,
+    pub(super) max_waiting: usize,
+    /// Summed over the workers' last reports: finished requests reported
+    /// later than the step that finished them (a save still ran), tasks
+    /// waited by a fence or a drain.
+    pub(super) deferred: u64,
+    pub(super) waited: u64,
+}
+pub(crate) fn run(args: &SavesArgs) -> Result<(), Failure> {
+    for fault in [args.kill, args.drop_step, args.repeat_step]
+        .into_iter()
+        .flatten()
+    {
+        if fault.rank >= args.workers {
+            return Err(Failure::input(format!(
+                "fault at rank {} but there are {} workers",
+                fault.rank, args.workers
+            )));
+        }
+    }
+    let temporary: Option<TempDir>;
+    let root = match &args.dir {
+        Some(dir) => {
+            temporary = None;
+            dir.clone()
+        }
+        None => {
+            temporary = Some(tempfile_dir()?);
+            temporary.as_ref().expect("just set").0.clone()
+        }
+    };
+    // The scheduler's own view of every rank's blocks, to check S1 and S5
+    // against what is published on disk.
+    let tiers = (0..args.workers)
+        .map(|rank| FsTier::open(&root, &rank_namespace(rank)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| Failure::unreachable(error.to_string()))?;
+    let (sender, incoming) = mpsc::channel();
+    let mut workers = (0..args.workers)
+        .map(|rank| spawn_worker(rank, &root, args.block_kib, sender.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(sender);
+
+    let outcome = drive::drive(args, &tiers, &mut workers, &incoming);
+    // Close every channel, then collect the workers' ends.
+    for worker in &mut workers {
+        worker.steps = None;
+    }
+    let mut notes = Vec::new();
+    let mut left_over = Vec::new();
+    for worker in workers {
+        let Worker {
+            rank,
+            mut child,
+            stderr,
+            lost,
+            ..
+        } = worker;
+        let status = child.wait();
+        let stderr = stderr.join().unwrap_or_default();
+        if lost.is_none() && !status.as_ref().is_ok_and(|s| s.success()) {
+            // A worker that was never lost must end cleanly: nothing left
+            // tracked, nothing running.
+            let status = status
+                .as_ref()
+                .map_or_else(|e| e.to_string(), |s| s.to_string());
+            left_over.push(format!(
+                "worker {rank} ended badly ({status}): {}",
+                stderr.trim()
+            ));
+        }
+        if let Some((step, why)) = lost {
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            let said = stderr.trim();
+            let said = if said.is_empty() { "nothing" } else { said };
+            notes.push((rank, step, why, status, said.to_owned()));
+        }
+    }
+    drop(temporary);
+    let (mut tally, latency, held) = outcome?;
+    // With a worker lost the run stops before every request finished: the
+    // others then rightly end with requests they could not report.
+    if notes.is_empty() {
+        tally.violations.extend(left_over);
+    }
+    report(args, &tally, &latency, held, &notes)?;
+    if !tally.violations.is_empty() {
+        return Err(Failure::run(format!(
+            "{} violation(s) of the save protocol; first: {}",
+            tally.violations.len(),
+            tally.violations[0]
+        )));
+    }
+    if let Some((rank, step, why, _, said)) = notes.first() {
+        return Err(Failure::run(format!(
+            "worker {rank} lost at step {step} ({why}; it said: {said}); {held} request(s) held, never freed"
+        )));
+    }
+    Ok(())
+}
+
+fn report(
+    args: &SavesArgs,
+    tally: &Tally,
+    latency: &SaveLatency,
+    held: usize,
+    notes: &[(u32, u64, String, String, String)],
+) -> Result<(), Failure> {
+    if args.json {
+        let lost: Vec<_> = notes
+            .iter()
+            .map(|(rank, step, why, status, said)| {
+                json!({"rank": rank, "step": step, "why": why, "status": status, "stderr": said})
+            })
+            .collect();
+        let value = json!({
+            "workers": args.workers,
+            "steps": tally.steps,
+            "requests": tally.requests,
+            "saves": tally.saves,
+            "preemptions": tally.preemptions,
+            "delayed": tally.delayed,
+            "freed": tally.freed,
+            "held": held,
+            "max_waiting": tally.max_waiting,
+            "deferred": tally.deferred,
+            "tasks_waited": tally.waited,
+            "save_latency_p50_us": latency.quantile(0.5).map(|d| d.as_micros() as u64),
+            "save_latency_p99_us": latency.quantile(0.99).map(|d| d.as_micros() as u64),
+            "violations": tally.violations,
+            "lost_workers": lost,
+        });
+        say!("{value}");
+        return Ok(());
+    }
+    say!(
+        "{} steps, {} workers: {} requests, {} blocks saved per rank, {} preemptions",
+        tally.steps,
+        args.workers,
+        tally.requests,
+        tally.saves,
+        tally.preemptions
+    );
+    say!(
+        "{} requests delayed their free; {} freed once every worker reported them, {} held; at most {} waiting at once",
+        tally.delayed,
+        tally.freed,
+        held,
+        tally.max_waiting
+    );
+    say!(
+        "{} finished requests were reported in a later step than their finish (a save still ran); {} saves waited by a fence",
+        tally.deferred,
+        tally.waited
+    );
+    say!(
+        "save latency (all workers, bucket bounds): p50 {}, p99 {}",
+        ms_or_dash(latency.quantile(0.5)),
+        ms_or_dash(latency.quantile(0.99))
+    );
+    for (rank, step, why, status, said) in notes {
+        say!("worker {rank} lost at step {step}: {why} ({status}); it said: {said}");
+    }
+    if tally.violations.is_empty() {
+        say!("S1, S2, S5 held: no request freed before every rank published its saves, none twice");
+    } else {
+        for violation in &tally.violations {
+            say!("VIOLATION {violation}");
+        }
+    }
+    Ok(())
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_as_rank_at_step() {
+        assert_eq!(parse_fault("1@40"), Ok(Fault { rank: 1, step: 40 }));
+        assert!(parse_fault("1-40").is_err());
+        assert!(parse_fault("x@4").is_err());
+        assert!(parse_fault("1@").is_err());
+    }
+}
