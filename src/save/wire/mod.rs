@@ -54,7 +54,7 @@
 //!
 //! let mut scheduler = SaveScheduler::new();
 //! let step = scheduler.record_step([("req-1".to_string(), 4)]);
-//! let bytes = step.encode();
+//! let bytes = step.encode()?;
 //! assert_eq!(&bytes[..4], b"KVTW");
 //!
 //! let decoded = SaveStep::<String>::decode(&bytes)?;
