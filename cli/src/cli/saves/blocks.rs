@@ -18,8 +18,8 @@ pub(crate) fn block_key(request: &str, step: u64) -> u64 {
     splitmix(hash ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// A block's bytes: its key, repeated; every fifth request's blocks (by
-/// key) are 16 times longer.
+/// A block's bytes: its key, repeated; the blocks whose key is a multiple
+/// of 5 (about one in five) are 16 times longer.
 pub(crate) fn block_payload(key: u64, bytes: usize) -> Vec<u8> {
     let len = if key.is_multiple_of(5) {
         bytes * 16

@@ -49,8 +49,8 @@ pub(crate) struct SavesArgs {
     /// Keep the tier in this directory instead of a temporary one.
     #[arg(long, value_name = "DIR")]
     pub(super) dir: Option<PathBuf>,
-    /// Bytes per saved block, in KiB (every fifth request saves 16 times
-    /// as much, so some saves outlast a step).
+    /// Bytes per saved block, in KiB (about one block in five is 16 times
+    /// larger, so some saves outlast a step).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(super) block_kib: u32,
     /// Fault: kill -9 worker RANK right after sending it step STEP.
