@@ -566,8 +566,8 @@ MUTATIONS = [
     Mutation(
         "S6-multi-forwards-to-all",
         "MultiConnector stops forwarding request_finished at the first connector that delays",
-        [("            .inner\n            .iter_mut()\n            .map(|connector| match connector.request_finished(request) {",
-          "            .inner\n            .iter_mut()\n            .take(1)\n            .map(|connector| match connector.request_finished(request) {")],
+        [("            .inner\n            .iter_mut()\n            .map(|connector| Owed::if_delayed(connector.request_finished(request)))",
+          "            .inner\n            .iter_mut()\n            .take(1)\n            .map(|connector| Owed::if_delayed(connector.request_finished(request)))")],
         TEST + ["--test", "save", "a_multi_connector_forwards"],
     ),
     Mutation(

@@ -161,6 +161,13 @@ enum Owed {
     Reported,
 }
 
+impl Owed {
+    /// What a connector owes for a request it does (or does not) delay.
+    fn if_delayed(delays: bool) -> Self {
+        if delays { Self::Report } else { Self::Nothing }
+    }
+}
+
 impl<C, R: Eq + Hash + Clone + Debug> MultiConnector<C, R> {
     /// Combines `inner`; a connector's index in this list is how its
     /// reports are told apart.
@@ -311,10 +318,7 @@ where
             let owed: Vec<Owed> = self
                 .inner
                 .iter()
-                .map(|connector| match connector.will_report(request) {
-                    true => Owed::Report,
-                    false => Owed::Nothing,
-                })
+                .map(|connector| Owed::if_delayed(connector.will_report(request)))
                 .collect();
             if owed.contains(&Owed::Report) {
                 self.outstanding.insert(request.clone(), owed);
@@ -344,10 +348,7 @@ where
             // guard: S6-multi-forwards-to-all
             .inner
             .iter_mut()
-            .map(|connector| match connector.request_finished(request) {
-                true => Owed::Report,
-                false => Owed::Nothing,
-            })
+            .map(|connector| Owed::if_delayed(connector.request_finished(request)))
             .collect();
         if !owed.contains(&Owed::Report) {
             return false;
