@@ -398,13 +398,13 @@ impl FsTier {
 }
 
 /// Joins block names to the tier's directory in one reused buffer.
-struct PathWriter<'a> {
+pub(super) struct PathWriter<'a> {
     dir: &'a Path,
     path: PathBuf,
 }
 
 impl<'a> PathWriter<'a> {
-    fn new(dir: &'a Path) -> Self {
+    pub(super) fn new(dir: &'a Path) -> Self {
         Self {
             dir,
             path: dir.to_path_buf(),
@@ -412,7 +412,7 @@ impl<'a> PathWriter<'a> {
     }
 
     /// `dir/name`.
-    fn below(&mut self, name: &str) -> &Path {
+    pub(super) fn below(&mut self, name: &str) -> &Path {
         let path = self.path.as_mut_os_string();
         path.clear();
         path.push(self.dir.as_os_str());
@@ -423,7 +423,7 @@ impl<'a> PathWriter<'a> {
 
 /// `stat` the final file: present and a regular file. A symlink there is a
 /// miss unless links are followed.
-fn exists(path: &Path, follow: bool) -> Result<bool, TierError> {
+pub(super) fn exists(path: &Path, follow: bool) -> Result<bool, TierError> {
     let metadata = if follow {
         fs::metadata(path)
     } else {
@@ -737,33 +737,55 @@ where
         let mut names = String::new();
         let mut ends = Vec::with_capacity(keys.len());
         for key in keys {
+            let start = names.len();
             push_block_path(key, &mut names);
+            if !relative_name_fits(&names[start..]) {
+                names.truncate(start); // no such block can exist
+            }
             ends.push(names.len());
         }
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut paths = PathWriter::new(&inner.dir);
-            let mut start = 0;
-            ends.iter()
-                .map(|&end| {
-                    let name = &names[start..end];
-                    start = end;
-                    if !relative_name_fits(name) {
-                        return Ok(false);
-                    }
-                    exists(paths.below(name), inner.follow_symlinks)
-                })
-                .collect()
-        })
+        stat_names_blocking(
+            self.inner.dir.clone(),
+            names,
+            ends,
+            self.inner.follow_symlinks,
+        )
         .await
-        .unwrap_or_else(|join| match join.try_into_panic() {
-            // The prober catches and counts it like any backend panic.
-            Ok(payload) => std::panic::resume_unwind(payload),
-            Err(join) => Err(TierError::io(
-                "stat",
-                Path::new("<group>"),
-                io::Error::other(join),
-            )),
-        })
     }
+}
+
+/// Stats the block files `dir/names[..ends[0]]`, `dir/names[ends[0]..ends[1]]`,
+/// ... on tokio's blocking pool; an empty name is a miss without a call.
+/// Shared by the async lookups of the fs tier and of vLLM's layout.
+#[cfg(tokio_driver)]
+pub(super) async fn stat_names_blocking(
+    dir: PathBuf,
+    names: String,
+    ends: Vec<usize>,
+    follow: bool,
+) -> Result<Vec<bool>, TierError> {
+    tokio::task::spawn_blocking(move || {
+        let mut paths = PathWriter::new(&dir);
+        let mut start = 0;
+        ends.iter()
+            .map(|&end| {
+                let name = &names[start..end];
+                start = end;
+                if name.is_empty() {
+                    return Ok(false);
+                }
+                exists(paths.below(name), follow)
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_else(|join| match join.try_into_panic() {
+        // The prober catches and counts it like any backend panic.
+        Ok(payload) => std::panic::resume_unwind(payload),
+        Err(join) => Err(TierError::io(
+            "stat",
+            Path::new("<group>"),
+            io::Error::other(join),
+        )),
+    })
 }

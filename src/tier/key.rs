@@ -39,7 +39,7 @@ const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// Appends the `2 * bytes.len()` hex digits of `bytes`, most significant
 /// nibble first.
-fn push_hex_bytes(bytes: &[u8], out: &mut String) {
+pub(crate) fn push_hex_bytes(bytes: &[u8], out: &mut String) {
     out.reserve(2 * bytes.len());
     for &byte in bytes {
         out.push(char::from(DIGITS[usize::from(byte >> 4)]));

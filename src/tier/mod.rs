@@ -2,7 +2,10 @@
 //! feature `fs`) and any `object_store` backend ([`ObjectTier`], feature
 //! `object-store`: S3 and S3-compatible servers, local files, memory).
 //!
-//! Both name a block the same way (`<namespace>/<hex[..3]>/<hex[3..5]>/<hex>.bin`,
+//! [`VllmFsLayout`] (feature `fs`) reads the layout of vLLM's own fs tier,
+//! for lookups of the blocks vLLM wrote.
+//!
+//! kvtier's two tiers name a block the same way (`<namespace>/<hex[..3]>/<hex[3..5]>/<hex>.bin`,
 //! see [`BlockKey`]) and store it in the same checked format (a header with
 //! length and CRC-32), answer lookup groups for the drivers, and hand out
 //! save tasks for the [`SaveTracker`](crate::SaveTracker).
@@ -18,6 +21,8 @@ mod pool;
 #[cfg(object_tier)]
 mod s3;
 mod save;
+#[cfg(fs_tier)]
+mod vllm;
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +35,8 @@ pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 pub use save::SaveTask;
+#[cfg(fs_tier)]
+pub use vllm::VllmFsLayout;
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +92,15 @@ pub enum TierError {
         length: usize,
         /// The longest name the tier writes.
         limit: usize,
+    },
+    /// A key that cannot name a block in the tier's layout (a vLLM key
+    /// shorter than a hash and its group index).
+    #[error("a {length}-byte key names no block: {reason}")]
+    KeyFormat {
+        /// Bytes in the key.
+        length: usize,
+        /// What the layout expects.
+        reason: &'static str,
     },
     /// Stored bytes are not a whole, intact block.
     #[error("block {location} is damaged: {kind}")]

@@ -108,21 +108,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn tokio(backend: B, config: TokioConfig) -> Result<Self, LookupError> {
-        config.validate()?;
-        let runtime = ::tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.worker_threads)
-            .thread_name("kvtier-lookup")
-            // Timers for the group timeout, and I/O for network backends
-            // (whatever this build of tokio has).
-            .enable_all()
-            .build()
-            .map_err(LookupError::Spawn)?;
-        let handle = runtime.handle().clone();
-        Ok(Self::with_prober(|results| {
-            let mut prober = TokioProber::start(backend, &config, handle, results);
-            prober.runtime = Some(runtime);
-            prober
-        }))
+        Self::try_with_prober(|results| TokioProber::spawn(backend, config, results))
     }
 
     /// A lookup whose groups are probed with `backend` on the caller's
@@ -165,6 +151,37 @@ where
         Ok(Self::with_prober(|results| {
             TokioProber::start(backend, &config, task::Spawner, results)
         }))
+    }
+}
+
+#[cfg(not(kvtier_shuttle))]
+impl<K, R, B> TokioProber<K, R, B>
+where
+    K: Send + Sync + 'static,
+    R: Request + Send + Sync + 'static,
+    B: AsyncBackend<K, R>,
+{
+    /// A prober of its own on a multi-threaded runtime of its own
+    /// (`worker_threads` threads named `kvtier-lookup`, shut down with it),
+    /// publishing through `results`: what [`Lookup::tokio`] builds, for a
+    /// caller that composes probers itself (behind a trait object, say).
+    pub fn spawn(
+        backend: B,
+        config: TokioConfig,
+        results: Publisher<K>,
+    ) -> Result<Self, LookupError> {
+        config.validate()?;
+        let runtime = ::tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.worker_threads)
+            .thread_name("kvtier-lookup")
+            // Timers for the group timeout, and I/O for network backends
+            // (whatever this build of tokio has).
+            .enable_all()
+            .build()
+            .map_err(LookupError::Spawn)?;
+        let mut prober = Self::start(backend, &config, runtime.handle().clone(), results);
+        prober.runtime = Some(runtime);
+        Ok(prober)
     }
 }
 

@@ -1,0 +1,31 @@
+//! kvtier for Python: the extension module `kvtier._native`.
+//!
+//! What Python sees is written here, in three rooms: `lookup` (the
+//! scheduler's async lookup over a native prober or a Python backend),
+//! `save` (deferred save completion with Python store tasks, and the wire
+//! form of steps and reports) and `errors` (the exception types and the
+//! panic guard every entry point goes through). The Python package around
+//! it (`python/kvtier/`) adds the vLLM-shaped adapter and the layout's base
+//! path.
+//!
+//! The GIL rule: native probers run on threads that never touch Python;
+//! every call that can wait releases the GIL while it waits; a Python
+//! backend or store task is called with the GIL taken on the calling
+//! thread, and never once the interpreter is shutting down.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod lookup;
+mod save;
+
+/// The extension module. Its names are re-exported by the `kvtier` package.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(module)?;
+    lookup::register(module)?;
+    save::register(module)?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,675 @@
+//! `kvtier.Lookup`: the scheduler's async lookup, with `bytes` keys and
+//! `str` request ids, over a native prober (kvtier's fs tier, vLLM's fs
+//! layout, an object store) or a Python backend.
+
+use std::time::Duration;
+
+use kvtier::lookup::{
+    Backend, LookupError, LookupLimits, LookupStats, Prober, Refused, Submission, ThreadProber,
+    TokioConfig, TokioProber,
+};
+use kvtier::tier::{S3Options, VllmFsLayout};
+use kvtier::{FsTier, Lookup, ObjectTier, Verdict};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::errors::{ShutdownError, config, guard, lookup_error, tier_error};
+
+/// A block key as vLLM names it: the block hash and the group index.
+type Key = Vec<u8>;
+
+/// Whichever prober a [`PyLookup`] was built with.
+struct AnyProber(Box<dyn Prober<Key, String> + Send + Sync>);
+
+impl Prober<Key, String> for AnyProber {
+    fn submit(&mut self, submission: Submission<Key, String>) -> Result<(), Refused<Key, String>> {
+        self.0.submit(submission)
+    }
+
+    fn wait_idle(&mut self) -> Result<(), LookupError> {
+        self.0.wait_idle()
+    }
+
+    fn shutdown(&mut self) -> Result<(), LookupError> {
+        self.0.shutdown()
+    }
+}
+
+type AnyLookup = Lookup<Key, String, AnyProber>;
+
+/// A backend written in Python: `batch_lookup(keys, req_id)` (or a plain
+/// callable) returning an iterable of booleans, called on the prober's
+/// worker thread with the GIL taken for the call alone.
+struct PythonBackend {
+    call: Py<PyAny>,
+}
+
+impl Backend<Key, String> for PythonBackend {
+    type Answers = Vec<bool>;
+    type Error = String;
+
+    fn batch_lookup(&mut self, keys: &[Key], request: &String) -> Result<Vec<bool>, String> {
+        // Once the interpreter is shutting down no Python can run: the
+        // group's keys are misses, and the worker never blocks on the GIL.
+        Python::try_attach(|py| {
+            let call = || -> PyResult<Vec<bool>> {
+                // One answer past the keys is enough to see a surplus.
+                let limit = keys.len() + 1;
+                let keys = PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))?;
+                let answers = self.call.bind(py).call1((keys, request.as_str()))?;
+                let mut found = Vec::with_capacity(limit);
+                for answer in answers.try_iter()?.take(limit) {
+                    found.push(answer?.is_truthy()?);
+                }
+                Ok(found)
+            };
+            call().map_err(|error| format!("Python backend raised {error}"))
+        })
+        .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
+    }
+}
+
+/// Settings of a native prober, from keyword arguments.
+fn tokio_config(
+    concurrency: usize,
+    group_timeout: Option<f64>,
+    shutdown_grace: f64,
+    threads: usize,
+) -> PyResult<TokioConfig> {
+    let config = TokioConfig::default()
+        .max_concurrent_groups(concurrency)
+        .group_timeout(group_timeout.map(seconds).transpose()?)
+        .shutdown_grace(seconds(shutdown_grace)?)
+        .worker_threads(threads);
+    config.validate().map_err(lookup_error)?;
+    Ok(config)
+}
+
+/// Seconds as a `Duration`; negative, NaN and unrepresentable values are
+/// refused.
+fn seconds(value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        config(format!(
+            "{value} is not a duration in seconds (a finite number >= 0)"
+        ))
+    })
+}
+
+fn verdict(verdict: &Verdict<Key>) -> Option<bool> {
+    match verdict {
+        Verdict::Hit(_) => Some(true),
+        Verdict::Miss => Some(false),
+        Verdict::Pending => None,
+    }
+}
+
+/// Async secondary-tier lookup for a scheduler thread.
+///
+/// Every step, call `lookup(key, req_id)` (or `lookup_many`) for the
+/// blocks a waiting request could load: `True` (hit: load it), `False`
+/// (miss: compute it) or `None` (retry next step). End the step with
+/// `flush()`; `mark_miss(keys)` after a failed load; `cleanup(req_id)` when
+/// a request finishes. None of these waits for the tier. Build one with
+/// `Lookup.vllm_fs`, `Lookup.fs`, `Lookup.s3`, `Lookup.object_dir` (native
+/// probers that never take the GIL) or `Lookup.python` (a Python backend).
+///
+/// A lookup belongs to one scheduler thread; `shutdown()` (or leaving its
+/// `with` block) stops the prober.
+#[pyclass(module = "kvtier._native", name = "Lookup", weakref)]
+pub(crate) struct PyLookup {
+    inner: Option<AnyLookup>,
+    /// The last request id object seen and its Rust copy: a scheduler asks
+    /// for one request's keys in a row with the same `str` object.
+    last_request: Option<(Py<PyAny>, String)>,
+    /// Reused for every key, so a lookup of a known key allocates nothing.
+    key: Key,
+    /// Reused by `lookup_many`.
+    keys: Vec<Key>,
+    verdicts: Vec<Verdict<Key>>,
+    /// What the lookup was built over, for `repr`.
+    describe: String,
+}
+
+impl PyLookup {
+    fn over(
+        describe: String,
+        make: impl FnOnce() -> Result<AnyLookup, LookupError>,
+    ) -> PyResult<Py<Self>> {
+        let inner = make().map_err(lookup_error)?;
+        let lookup = Self {
+            inner: Some(inner),
+            last_request: None,
+            key: Vec::new(),
+            keys: Vec::new(),
+            verdicts: Vec::new(),
+            describe,
+        };
+        Python::attach(|py| {
+            let lookup = Py::new(py, lookup)?;
+            live(py)?.call_method1("add", (&lookup,))?;
+            Ok(lookup)
+        })
+    }
+
+    fn native<B>(describe: String, backend: B, config: TokioConfig) -> PyResult<Py<Self>>
+    where
+        B: kvtier::lookup::AsyncBackend<Key, String>,
+    {
+        Self::over(describe, || {
+            Lookup::try_with_prober(|results| {
+                TokioProber::spawn(backend, config, results).map(|p| AnyProber(Box::new(p)))
+            })
+        })
+    }
+
+    fn open(&mut self) -> PyResult<&mut AnyLookup> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| ShutdownError::new_err("the lookup was shut down"))
+    }
+}
+
+/// The counters of a [`LookupStats`] as a `dict` of ints.
+fn stats_dict<'py>(py: Python<'py>, stats: &LookupStats) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    macro_rules! put {
+        ($($field:ident),* $(,)?) => { $( dict.set_item(stringify!($field), stats.$field)?; )* };
+    }
+    put!(
+        lookups,
+        hits,
+        misses,
+        pending,
+        keys_submitted,
+        groups_submitted,
+        groups_applied,
+        stale_results,
+        orphans_dropped,
+        anomalies,
+        foreign,
+        marked_miss,
+        backend_errors,
+        backend_panics,
+        short_results,
+        surplus_results,
+        timeouts,
+        cancelled,
+        deadline_misses,
+        late_answers,
+        shed,
+        abandoned,
+    );
+    Ok(dict)
+}
+
+fn bytes_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Key>> {
+    keys.try_iter()?
+        .map(|key| Ok(key?.cast::<PyBytes>()?.as_bytes().to_vec()))
+        .collect()
+}
+
+#[pymethods]
+impl PyLookup {
+    /// Probes the blocks vLLM's own fs tier wrote below `rank_dir`
+    /// (`<root>/<model>_<cfghash>_r<rank>`, see `kvtier.vllm.rank_dir`):
+    /// a key (block hash + 4-byte big-endian group index) is a hit when
+    /// `<hex[:3]>/<hex[3:5]>_g<group>/<hex>.bin` is a file. Native: the
+    /// probes run on threads that never take the GIL, `concurrency` groups at
+    /// once, each within `group_timeout` seconds (`None`: no timeout).
+    #[staticmethod]
+    #[pyo3(signature = (rank_dir, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    fn vllm_fs(
+        rank_dir: std::path::PathBuf,
+        concurrency: usize,
+        group_timeout: Option<f64>,
+        shutdown_grace: f64,
+        threads: usize,
+    ) -> PyResult<Py<Self>> {
+        guard(|| {
+            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
+            let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
+            let describe = format!("vllm_fs({:?})", layout.rank_dir());
+            Self::native(describe, layout, config)
+        })
+    }
+
+    /// Probes kvtier's own fs tier (`FsTier`): namespace `namespace` below
+    /// the existing directory `root`, blocks in kvtier's checked format.
+    /// Native, like `vllm_fs`.
+    #[staticmethod]
+    #[pyo3(signature = (root, namespace, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    fn fs(
+        root: std::path::PathBuf,
+        namespace: &str,
+        concurrency: usize,
+        group_timeout: Option<f64>,
+        shutdown_grace: f64,
+        threads: usize,
+    ) -> PyResult<Py<Self>> {
+        guard(|| {
+            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
+            let tier = FsTier::open(&root, namespace).map_err(tier_error)?;
+            Self::native(format!("fs({root:?}, {namespace:?})"), tier, config)
+        })
+    }
+
+    /// Probes an S3 or S3-compatible object store named by
+    /// `s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]` (kvtier's object
+    /// tier: one HEAD per key). Credentials come from the arguments or the
+    /// `AWS_*` environment; the instance-metadata service is never asked.
+    /// Native, like `vllm_fs`.
+    #[staticmethod]
+    #[pyo3(signature = (url, *, access_key_id = None, secret_access_key = None, region = None, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    #[allow(clippy::too_many_arguments)]
+    fn s3(
+        url: &str,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        region: Option<String>,
+        concurrency: usize,
+        group_timeout: Option<f64>,
+        shutdown_grace: f64,
+        threads: usize,
+    ) -> PyResult<Py<Self>> {
+        guard(|| {
+            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
+            let (mut options, namespace) = S3Options::from_url(url).map_err(tier_error)?;
+            match (access_key_id, secret_access_key) {
+                (Some(id), Some(secret)) => options = options.credentials(id, secret),
+                (None, None) => {}
+                _ => {
+                    return Err(config_error(
+                        "give both access_key_id and secret_access_key, or neither",
+                    ));
+                }
+            }
+            if let Some(region) = region {
+                options = options.region(region);
+            }
+            let tier = ObjectTier::s3(&options, &namespace).map_err(tier_error)?;
+            let describe = format!("s3({:?}, {namespace:?})", options.get_bucket());
+            Self::native(describe, tier, config)
+        })
+    }
+
+    /// Probes kvtier's object tier over a local directory (the `object_store`
+    /// crate's file backend): the object layout without a server. Native,
+    /// like `vllm_fs`.
+    #[staticmethod]
+    #[pyo3(signature = (root, namespace, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    fn object_dir(
+        root: std::path::PathBuf,
+        namespace: &str,
+        concurrency: usize,
+        group_timeout: Option<f64>,
+        shutdown_grace: f64,
+        threads: usize,
+    ) -> PyResult<Py<Self>> {
+        guard(|| {
+            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
+            let tier = ObjectTier::local(&root, namespace).map_err(tier_error)?;
+            Self::native(format!("object_dir({root:?}, {namespace:?})"), tier, config)
+        })
+    }
+
+    /// Probes with a Python backend: an object with a
+    /// `batch_lookup(keys: list[bytes], req_id: str) -> Iterable[bool]`
+    /// method, or such a callable. It runs on a worker thread (named
+    /// `name`), one request group at a time, taking the GIL for each call.
+    /// An exception, a short or a long answer makes the group's unanswered
+    /// keys misses (counted in `stats()`); nothing is left pending.
+    #[staticmethod]
+    #[pyo3(signature = (backend, *, name = "kvtier-lookup"))]
+    fn python(backend: &Bound<'_, PyAny>, name: &str) -> PyResult<Py<Self>> {
+        guard(|| {
+            let call = match backend.getattr("batch_lookup") {
+                Ok(method) => method,
+                Err(_) if backend.is_callable() => backend.clone(),
+                Err(_) => {
+                    return Err(PyTypeError::new_err(
+                        "a Python backend has a batch_lookup(keys, req_id) method or is callable",
+                    ));
+                }
+            };
+            let backend = PythonBackend {
+                call: call.unbind(),
+            };
+            Self::over(format!("python({name:?})"), || {
+                Lookup::try_with_prober(|results| {
+                    ThreadProber::spawn(backend, results, name).map(|p| AnyProber(Box::new(p)))
+                })
+            })
+        })
+    }
+
+    /// What the tier knows about `key` (`bytes`), recording that
+    /// `request` asked (a `str` id, or an object with a `req_id`): `True`
+    /// (hit: load the block), `False` (miss: compute it) or `None` (not
+    /// known yet: ask again next step). A new key is probed after the next
+    /// `flush()`; a key is probed once however many requests ask.
+    fn lookup(&mut self, key: &[u8], request: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+        guard(|| {
+            self.remember_request(request)?;
+            let Self {
+                inner,
+                last_request,
+                key: buffer,
+                ..
+            } = self;
+            let (Some(lookup), Some((_, id))) = (inner.as_mut(), last_request.as_ref()) else {
+                return Err(closed());
+            };
+            buffer.clear();
+            buffer.extend_from_slice(key);
+            Ok(verdict(&lookup.lookup(buffer, id)))
+        })
+    }
+
+    /// A request's keys in one call: `(verdicts, leading_hits)`, the list
+    /// of `lookup` answers (`True`/`False`/`None`) and how many of the
+    /// leading keys are hits (the blocks the request can load before the
+    /// first it must compute or wait for). One FFI crossing per request per
+    /// step instead of one per key.
+    fn lookup_many<'py>(
+        &mut self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        guard(|| {
+            self.remember_request(request)?;
+            let Self {
+                inner,
+                last_request,
+                keys: buffers,
+                verdicts,
+                ..
+            } = self;
+            let (Some(lookup), Some((_, id))) = (inner.as_mut(), last_request.as_ref()) else {
+                return Err(closed());
+            };
+            let mut count = 0;
+            for key in keys.try_iter()? {
+                let key = key?;
+                let bytes = key.cast::<PyBytes>()?.as_bytes();
+                match buffers.get_mut(count) {
+                    Some(buffer) => {
+                        buffer.clear();
+                        buffer.extend_from_slice(bytes);
+                    }
+                    None => buffers.push(bytes.to_vec()),
+                }
+                count += 1;
+            }
+            let leading = lookup.lookup_all(&buffers[..count], id, verdicts);
+            let list = PyList::new(py, verdicts.iter().map(verdict))?;
+            (list, leading).into_pyobject(py)
+        })
+    }
+
+    /// Ends the step: hands the keys looked up for the first time to the
+    /// prober; returns how many. Never waits for the tier. Raises
+    /// `WorkerLostError` if the prober's worker is gone (those keys are
+    /// misses).
+    fn flush(&mut self) -> PyResult<usize> {
+        guard(|| self.open()?.flush().map_err(lookup_error))
+    }
+
+    /// Applies the answers published so far; returns how many groups. Every
+    /// other call does this first, so a scheduler never needs it.
+    fn drain(&mut self) -> PyResult<usize> {
+        guard(|| Ok(self.open()?.drain()))
+    }
+
+    /// Blocks, with the GIL released, until the prober answered every group
+    /// it was given, then applies the answers; returns how many groups. For
+    /// tests and orderly pauses, not for the scheduler's step.
+    fn wait_idle(&mut self, py: Python<'_>) -> PyResult<usize> {
+        guard(|| {
+            let lookup = self.open()?;
+            py.detach(|| lookup.wait_idle()).map_err(lookup_error)
+        })
+    }
+
+    /// Turns the resolved hits of `keys` (an iterable of `bytes`) into misses
+    /// after their load failed, without a re-probe; returns how many
+    /// changed. A key whose lookup is pending or in flight (it was cleaned up
+    /// and looked up again since the hit) is not touched.
+    fn mark_miss(&mut self, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| {
+            let keys = bytes_keys(keys)?;
+            Ok(self.open()?.mark_miss_keys(&keys))
+        })
+    }
+
+    /// Forgets `request` (a `str` id or an object with `req_id`): keys no
+    /// other request asked for are dropped; a probe in flight is kept for
+    /// the next request that asks. An unknown id is a no-op.
+    fn cleanup(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let id = request_id(request)?;
+            self.open()?.cleanup(&id);
+            Ok(())
+        })
+    }
+
+    /// Bounds how long a key may stay pending and how much may be
+    /// outstanding; arguments left out keep their current value.
+    /// `pending_steps`/`pending_time` (seconds): a key unanswered past the
+    /// budget is a miss (`None` turns a budget off); `max_outstanding_keys`,
+    /// `max_outstanding_groups`: a new key beyond them is a miss at once;
+    /// `skip_unwanted`: groups nobody waits for any more are not probed.
+    #[pyo3(signature = (*, pending_steps = Unset::default(), pending_time = Unset::default(), max_outstanding_keys = None, max_outstanding_groups = None, skip_unwanted = None))]
+    fn set_limits(
+        &mut self,
+        pending_steps: Unset<Option<u64>>,
+        pending_time: Unset<Option<f64>>,
+        max_outstanding_keys: Option<usize>,
+        max_outstanding_groups: Option<usize>,
+        skip_unwanted: Option<bool>,
+    ) -> PyResult<()> {
+        guard(|| {
+            let lookup = self.open()?;
+            let mut limits: LookupLimits = lookup.table().limits().clone();
+            if let Unset(Some(steps)) = pending_steps {
+                limits = limits.pending_steps(steps);
+            }
+            if let Unset(Some(time)) = pending_time {
+                limits = limits.pending_time(time.map(seconds).transpose()?);
+            }
+            if let Some(keys) = max_outstanding_keys {
+                limits = limits.max_outstanding_keys(keys);
+            }
+            if let Some(groups) = max_outstanding_groups {
+                limits = limits.max_outstanding_groups(groups);
+            }
+            if let Some(skip) = skip_unwanted {
+                limits = limits.skip_unwanted(skip);
+            }
+            lookup.set_limits(limits).map_err(lookup_error)
+        })
+    }
+
+    /// The counters so far, as a `dict` of ints (`lookups`, `hits`,
+    /// `misses`, `pending`, `keys_submitted`, `backend_errors`, ...).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        guard(|| match &self.inner {
+            Some(lookup) => stats_dict(py, &lookup.stats()),
+            None => Err(closed()),
+        })
+    }
+
+    /// Keys the table holds.
+    fn __len__(&self) -> PyResult<usize> {
+        guard(|| Ok(self.inner.as_ref().map_or(0, |lookup| lookup.table().len())))
+    }
+
+    /// Live requests the table holds.
+    #[getter]
+    fn request_count(&self) -> usize {
+        self.inner
+            .as_ref()
+            .map_or(0, |lookup| lookup.table().request_count())
+    }
+
+    /// Whether `shutdown()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// Stops the prober (with the GIL released, so a Python backend can
+    /// finish its call), applies its last answers and returns the final
+    /// counters. A second call returns `None`. Raises `ShutdownError` when
+    /// a native prober gave up on groups whose calls ignored cancellation.
+    fn shutdown<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        guard(|| {
+            let Some(lookup) = self.inner.take() else {
+                return Ok(None);
+            };
+            let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));
+            match stopped {
+                Ok(stats) => Ok(Some(stats_dict(py, &stats)?)),
+                Err(error) => Err(ShutdownError::new_err(error.to_string())),
+            }
+        })
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&mut self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.inner {
+            Some(lookup) => format!(
+                "Lookup.{} ({} keys, {} requests)",
+                self.describe,
+                lookup.table().len(),
+                lookup.table().request_count()
+            ),
+            None => format!("Lookup.{} (shut down)", self.describe),
+        }
+    }
+}
+
+impl PyLookup {
+    /// Makes `last_request` hold `request`'s id, converting it only when
+    /// the request object changed.
+    fn remember_request(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Some((object, _)) = &self.last_request
+            && object.as_ptr() == request.as_ptr()
+        {
+            return Ok(());
+        }
+        let id = request_id(request)?;
+        self.last_request = Some((request.clone().unbind(), id));
+        Ok(())
+    }
+}
+
+/// The id of `request`: a `str`, or an object with a `req_id` attribute
+/// (vLLM's request context).
+pub(crate) fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(text) = request.cast::<PyString>() {
+        return Ok(text.to_cow()?.into_owned());
+    }
+    let Ok(field) = request.getattr("req_id") else {
+        return Err(PyTypeError::new_err(format!(
+            "a request is a str id or has a req_id attribute, not {}",
+            request.get_type().name()?
+        )));
+    };
+    let field = field
+        .cast::<PyString>()
+        .map_err(|_| PyTypeError::new_err("req_id must be a str"))?;
+    Ok(field.to_cow()?.into_owned())
+}
+
+fn closed() -> PyErr {
+    ShutdownError::new_err("the lookup was shut down")
+}
+
+fn config_error(message: &str) -> PyErr {
+    config(message)
+}
+
+/// An optional keyword whose absence differs from `None`: `Unset(None)`
+/// when left out, `Unset(Some(None))` for an explicit `None`.
+#[derive(Default)]
+struct Unset<T>(Option<T>);
+
+impl<'a, 'py, T: FromPyObject<'a, 'py>> FromPyObject<'a, 'py> for Unset<T> {
+    type Error = T::Error;
+
+    fn extract(object: Borrowed<'a, 'py, PyAny>) -> Result<Self, Self::Error> {
+        T::extract(object).map(|value| Unset(Some(value)))
+    }
+}
+
+impl Drop for PyLookup {
+    /// A lookup dropped without `shutdown()` stops its prober with the GIL
+    /// released, so a Python backend's last call can finish.
+    fn drop(&mut self) {
+        let mut lookup = self.inner.take();
+        if lookup.is_some() {
+            let _ = Python::try_attach(|py| py.detach(|| drop(lookup.take())));
+            // Not attached (the interpreter is shutting down): dropped here.
+            // A Python backend's worker never waits for the GIL then either
+            // (it cannot attach, so its groups end as misses).
+            drop(lookup);
+        }
+    }
+}
+
+/// The lookups not yet collected: `shutdown_all` stops them at exit.
+static LIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn live(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    let set = LIVE.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("weakref")?.getattr("WeakSet")?.call0()?.unbind())
+    })?;
+    Ok(set.bind(py))
+}
+
+/// Shuts down every lookup still running. Registered with `atexit`, so
+/// probers stop while threads can still take the GIL (a Python backend's
+/// worker finishes its call), not during the interpreter's finalisation.
+#[pyfunction]
+fn shutdown_all(py: Python<'_>) -> PyResult<usize> {
+    let lookups: Vec<Bound<'_, PyAny>> = live(py)?.try_iter()?.collect::<PyResult<_>>()?;
+    let mut stopped = 0;
+    for lookup in lookups {
+        let Ok(lookup) = lookup.cast_into::<PyLookup>() else {
+            continue;
+        };
+        let Ok(mut lookup) = lookup.try_borrow_mut() else {
+            continue; // in use by a call on another thread
+        };
+        if lookup.inner.is_some() {
+            // An error here has nobody to report to at exit; the prober is
+            // stopped all the same.
+            let _ = lookup.shutdown(py);
+            stopped += 1;
+        }
+    }
+    Ok(stopped)
+}
+
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PyLookup>()?;
+    let shutdown = wrap_pyfunction!(shutdown_all, module)?;
+    module.add_function(shutdown.clone())?;
+    module
+        .py()
+        .import("atexit")?
+        .call_method1("register", (shutdown,))?;
+    Ok(())
+}

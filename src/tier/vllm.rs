@@ -1,0 +1,232 @@
+//! vLLM's file-system tier layout, read-only: finds the blocks vLLM's own
+//! fs tier wrote, so a kvtier prober can answer lookups over them.
+//!
+//! vLLM names a block by its `OffloadKey`: the block hash followed by the
+//! KV-cache group index as 4 bytes, big-endian. Its file is
+//! `<base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin`, where `hex`
+//! is the hash (without the group suffix) in lowercase hex and `group` the
+//! decimal index. `<base>` is `<root>/<model>_<cfghash>`, the hash taken
+//! over the run's settings; the Python package computes it, this module
+//! starts from the rank's directory. Existence is the whole check: vLLM's
+//! files are its own format, not kvtier's checked blocks.
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use super::TierError;
+use super::fs::{PathWriter, exists, stat_names_blocking};
+use super::key::push_hex_bytes;
+use crate::lookup::Backend;
+
+/// Bytes of the group index at the end of a vLLM key.
+const GROUP_BYTES: usize = 4;
+
+/// The longest file name a lookup stats: a name past the common 255-byte
+/// limit cannot have been written, so its key is a miss without a call.
+const MAX_NAME: usize = 255;
+
+/// The blocks vLLM's file-system tier stored for one rank, as a lookup
+/// backend: a key is a hit when its file is a regular file (symbolic links
+/// followed, as vLLM's own `stat` follows them).
+///
+/// ```
+/// use kvtier::tier::VllmFsLayout;
+///
+/// let layout = VllmFsLayout::new("/mnt/kv/llama_0123456789ab_r0")?;
+/// // Block hash 0xabcdef01, KV-cache group 2.
+/// let key = [0xab, 0xcd, 0xef, 0x01, 0, 0, 0, 2];
+/// assert_eq!(
+///     layout.path_of(&key)?,
+///     std::path::Path::new("/mnt/kv/llama_0123456789ab_r0/abc/de_g2/abcdef01.bin"),
+/// );
+/// # Ok::<(), kvtier::TierError>(())
+/// ```
+///
+/// As a [`Backend`] it answers a group with one `stat` per key on the
+/// prober's thread; as an [`AsyncBackend`](crate::lookup::AsyncBackend) (feature
+/// `tokio`) on tokio's blocking pool, so a hung mount holds a blocking
+/// thread and the prober's group timeout still fires. A key too short to
+/// hold a hash and a group index, or whose file name could not exist, is
+/// a miss on its own; an I/O error other than "not found" fails the group.
+#[derive(Clone, Debug)]
+pub struct VllmFsLayout {
+    rank_dir: PathBuf,
+}
+
+impl VllmFsLayout {
+    /// The layout below `rank_dir`, vLLM's `<root>/<model>_<cfghash>_r<rank>`.
+    /// The directory need not exist yet (vLLM creates it with its first
+    /// block; until then every key is a miss), but the path must not be
+    /// empty.
+    pub fn new(rank_dir: impl Into<PathBuf>) -> Result<Self, TierError> {
+        let rank_dir = rank_dir.into();
+        if rank_dir.as_os_str().is_empty() {
+            return Err(TierError::Config(
+                "the vLLM rank directory is an empty path".into(),
+            ));
+        }
+        Ok(Self { rank_dir })
+    }
+
+    /// The layout of `rank` below vLLM's base directory `base`
+    /// (`<root>/<model>_<cfghash>`, without the rank suffix).
+    pub fn for_rank(base: impl AsRef<Path>, rank: u32) -> Result<Self, TierError> {
+        let mut dir = base.as_ref().as_os_str().to_owned();
+        dir.push(format!("_r{rank}"));
+        Self::new(dir)
+    }
+
+    /// The rank's directory.
+    pub fn rank_dir(&self) -> &Path {
+        &self.rank_dir
+    }
+
+    /// Where vLLM stores the block named by `key` (whether or not it
+    /// exists). A key of fewer than five bytes holds no hash and is refused.
+    pub fn path_of(&self, key: &[u8]) -> Result<PathBuf, TierError> {
+        let mut name = String::new();
+        push_vllm_path(key, &mut name)?;
+        Ok(self.rank_dir.join(name))
+    }
+
+    /// Whether the block named by `key` is stored: its file is a regular file.
+    pub fn contains(&self, key: &[u8]) -> Result<bool, TierError> {
+        let mut name = String::new();
+        if push_vllm_path(key, &mut name).is_err() || !name_fits(&name) {
+            return Ok(false);
+        }
+        exists(&self.rank_dir.join(name), true)
+    }
+}
+
+/// Appends the path of `key`'s block below the rank directory to `out`:
+/// `<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin`, the fan-out sliced as Python
+/// slices (a hash shorter than three bytes gives a shorter fan-out, as in
+/// vLLM). Writes nothing for a key too short to hold a hash.
+pub(crate) fn push_vllm_path(key: &[u8], out: &mut String) -> Result<(), TierError> {
+    // guard: V1-key-holds-a-hash
+    let Some(hash_len) = key.len().checked_sub(GROUP_BYTES).filter(|&n| n > 0) else {
+        return Err(TierError::KeyFormat {
+            length: key.len(),
+            reason: "a vLLM key is a block hash followed by a 4-byte group index",
+        });
+    };
+    let (hash, group) = key.split_at(hash_len);
+    let group = u32::from_be_bytes([group[0], group[1], group[2], group[3]]);
+    // The fan-out: hex digits 0..3 and 3..5 of the hash, sliced as Python
+    // slices (fewer digits give a shorter fan-out).
+    let digits = 2 * hash.len();
+    let nibble = |i: usize| {
+        let byte = hash[i / 2];
+        let value = if i.is_multiple_of(2) { byte >> 4 } else { byte & 0xf };
+        char::from_digit(u32::from(value), 16).unwrap_or('0')
+    };
+    out.extend((0..digits.min(3)).map(nibble));
+    out.push('/');
+    out.extend((3..digits.min(5)).map(nibble));
+    // Writing to a String cannot fail.
+    let _ = write!(out, "_g{group}/");
+    push_hex_bytes(hash, out);
+    out.push_str(".bin");
+    Ok(())
+}
+
+/// Whether the file name of a `/`-separated path fits (see [`MAX_NAME`]).
+fn name_fits(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|name| name.len() <= MAX_NAME)
+}
+
+impl<K: AsRef<[u8]>, R> Backend<K, R> for VllmFsLayout {
+    type Answers = Vec<bool>;
+    type Error = TierError;
+
+    fn batch_lookup(&mut self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
+        let mut paths = PathWriter::new(&self.rank_dir);
+        let mut name = String::new();
+        keys.iter()
+            .map(|key| {
+                name.clear();
+                // guard: V2-a-bad-key-fails-alone
+                if push_vllm_path(key.as_ref(), &mut name).is_err() || !name_fits(&name) {
+                    return Ok(false); // only this key: no such file exists
+                }
+                exists(paths.below(&name), true)
+            })
+            .collect()
+    }
+}
+
+#[cfg(tokio_driver)]
+impl<K, R> crate::lookup::AsyncBackend<K, R> for VllmFsLayout
+where
+    K: AsRef<[u8]> + Sync,
+    R: Sync,
+{
+    type Error = TierError;
+
+    async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
+        // Owned names for the blocking task, all in one string; an empty
+        // name stands for a key that cannot have a file.
+        let mut names = String::new();
+        let mut ends = Vec::with_capacity(keys.len());
+        for key in keys {
+            let start = names.len();
+            if push_vllm_path(key.as_ref(), &mut names).is_err() || !name_fits(&names[start..]) {
+                names.truncate(start);
+            }
+            ends.push(names.len());
+        }
+        stat_names_blocking(self.rank_dir.clone(), names, ends, true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(key: &[u8]) -> String {
+        let mut out = String::new();
+        push_vllm_path(key, &mut out).expect("a vLLM key");
+        out
+    }
+
+    #[test]
+    fn paths_follow_vllms_layout() {
+        let mut key = vec![0x01, 0x23, 0x45, 0x67, 0x89];
+        key.extend_from_slice(&7u32.to_be_bytes());
+        assert_eq!(path(&key), "012/34_g7/0123456789.bin");
+        let mut big_group = vec![0xff; 32];
+        big_group.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            path(&big_group),
+            format!("fff/ff_g4294967295/{}.bin", "ff".repeat(32))
+        );
+    }
+
+    #[test]
+    fn short_hashes_slice_as_python_does() {
+        // hex "ab": hex[0:3] is "ab", hex[3:5] is "".
+        assert_eq!(path(&[0xab, 0, 0, 0, 1]), "ab/_g1/ab.bin");
+        // hex "abcd": "abc" and "d".
+        assert_eq!(path(&[0xab, 0xcd, 0, 0, 0, 0]), "abc/d_g0/abcd.bin");
+    }
+
+    #[test]
+    fn a_key_without_a_hash_is_refused() {
+        for len in 0..=GROUP_BYTES {
+            let mut out = String::from("kept");
+            let error = push_vllm_path(&vec![0; len], &mut out).expect_err("too short");
+            assert!(matches!(error, TierError::KeyFormat { length, .. } if length == len));
+            assert_eq!(out, "kept", "nothing written for a refused key");
+        }
+    }
+
+    #[test]
+    fn for_rank_appends_the_rank_suffix() {
+        let layout = VllmFsLayout::for_rank("/kv/m_0123456789ab", 3).expect("layout");
+        assert_eq!(layout.rank_dir(), Path::new("/kv/m_0123456789ab_r3"));
+        assert!(VllmFsLayout::new("").is_err());
+    }
+}
