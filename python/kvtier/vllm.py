@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 from . import HIT, MISS, RETRY
@@ -157,9 +158,19 @@ class AsyncLookupManager:
                     "give AsyncLookupManager a native prober (lookup=kvtier.Lookup.vllm_fs(...)) "
                     "or subclass it and implement batch_lookup(keys, req_context)"
                 )
-            # The worker hands batch_lookup the request's context, as vLLM's does.
+            # The worker hands batch_lookup the request's context, as vLLM's
+            # does. It holds the manager weakly: a manager nobody uses is
+            # freed (and its worker stopped) at once, not by the cycle GC.
             self._contexts = {}
-            lookup = Lookup.python(self._probe, name=f"kvtier_lookup_{tier_type}")
+            manager = weakref.ref(self)
+
+            def probe(keys: list[bytes], req_id: str) -> Iterable[bool]:
+                owner = manager()
+                if owner is None:
+                    raise RuntimeError("the lookup manager was freed")
+                return owner._probe(keys, req_id)
+
+            lookup = Lookup.python(probe, name=f"kvtier_lookup_{tier_type}")
         self._lookup = lookup
         if self._contexts is None and type(self).lookup is AsyncLookupManager.lookup:
             # No Python frame between the scheduler and the native call.

@@ -13,7 +13,8 @@ use kvtier::{FsTier, Lookup, ObjectTier, Verdict};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyWeakrefReference};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::errors::{ShutdownError, config, guard, lookup_error, tier_error};
 
@@ -42,8 +43,27 @@ type AnyLookup = Lookup<Key, String, AnyProber>;
 /// A backend written in Python: `batch_lookup(keys, req_id)` (or a plain
 /// callable) returning an iterable of booleans, called on the prober's
 /// worker thread with the GIL taken for the call alone.
+///
+/// The worker reaches the callable through a weak reference to its
+/// [`BackendSlot`], which the [`PyLookup`] alone holds: every strong
+/// reference to the callable is then one the garbage collector can see, so
+/// a cycle through it (a backend method of an object that owns the lookup)
+/// is collected like any Python cycle.
 struct PythonBackend {
+    slot: Py<PyWeakrefReference>,
+}
+
+/// Holds a Python backend's callable for its [`PyLookup`].
+#[pyclass(module = "kvtier._native", frozen, weakref)]
+struct BackendSlot {
     call: Py<PyAny>,
+}
+
+#[pymethods]
+impl BackendSlot {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.call)
+    }
 }
 
 impl Backend<Key, String> for PythonBackend {
@@ -54,11 +74,20 @@ impl Backend<Key, String> for PythonBackend {
         // Once the interpreter is shutting down no Python can run: the
         // group's keys are misses, and the worker never blocks on the GIL.
         Python::try_attach(|py| {
+            let Some(slot) = self
+                .slot
+                .bind(py)
+                .upgrade_as::<BackendSlot>()
+                .ok()
+                .flatten()
+            else {
+                return Err("the lookup that owned the Python backend was freed".to_owned());
+            };
             let call = || -> PyResult<Vec<bool>> {
                 // One answer past the keys is enough to see a surplus.
                 let limit = keys.len() + 1;
                 let keys = PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))?;
-                let answers = self.call.bind(py).call1((keys, request.as_str()))?;
+                let answers = slot.get().call.bind(py).call1((keys, request.as_str()))?;
                 let mut found = Vec::with_capacity(limit);
                 for answer in answers.try_iter()?.take(limit) {
                     found.push(answer?.is_truthy()?);
@@ -130,11 +159,15 @@ pub(crate) struct PyLookup {
     verdicts: Vec<Verdict<Key>>,
     /// What the lookup was built over, for `repr`.
     describe: String,
+    /// A Python backend's callable (see [`PythonBackend`]): the one strong
+    /// reference to it, shown to the garbage collector.
+    backend: Option<Py<BackendSlot>>,
 }
 
 impl PyLookup {
     fn over(
         describe: String,
+        backend: Option<Py<BackendSlot>>,
         make: impl FnOnce() -> Result<AnyLookup, LookupError>,
     ) -> PyResult<Py<Self>> {
         let inner = make().map_err(lookup_error)?;
@@ -145,6 +178,7 @@ impl PyLookup {
             keys: Vec::new(),
             verdicts: Vec::new(),
             describe,
+            backend,
         };
         Python::attach(|py| {
             let lookup = Py::new(py, lookup)?;
@@ -157,7 +191,7 @@ impl PyLookup {
     where
         B: kvtier::lookup::AsyncBackend<Key, String>,
     {
-        Self::over(describe, || {
+        Self::over(describe, None, || {
             Lookup::try_with_prober(|results| {
                 TokioProber::spawn(backend, config, results).map(|p| AnyProber(Box::new(p)))
             })
@@ -333,10 +367,17 @@ impl PyLookup {
                     ));
                 }
             };
+            let py = backend.py();
+            let slot = Bound::new(
+                py,
+                BackendSlot {
+                    call: call.unbind(),
+                },
+            )?;
             let backend = PythonBackend {
-                call: call.unbind(),
+                slot: PyWeakrefReference::new(&slot)?.unbind(),
             };
-            Self::over(format!("python({name:?})"), || {
+            Self::over(format!("python({name:?})"), Some(slot.unbind()), || {
                 Lookup::try_with_prober(|results| {
                     ThreadProber::spawn(backend, results, name).map(|p| AnyProber(Box::new(p)))
                 })
@@ -537,6 +578,23 @@ impl PyLookup {
         })
     }
 
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(backend) = &self.backend {
+            visit.call(backend)?;
+        }
+        if let Some((request, _)) = &self.last_request {
+            visit.call(request)?;
+        }
+        Ok(())
+    }
+
+    /// Breaks a cycle: drops the backend, and stops the prober.
+    fn __clear__(&mut self) {
+        self.last_request = None;
+        self.backend = None;
+        stop_quietly(self.inner.take());
+    }
+
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
@@ -618,14 +676,18 @@ impl Drop for PyLookup {
     /// A lookup dropped without `shutdown()` stops its prober with the GIL
     /// released, so a Python backend's last call can finish.
     fn drop(&mut self) {
-        let mut lookup = self.inner.take();
-        if lookup.is_some() {
-            let _ = Python::try_attach(|py| py.detach(|| drop(lookup.take())));
-            // Not attached (the interpreter is shutting down): dropped here.
-            // A Python backend's worker never waits for the GIL then either
-            // (it cannot attach, so its groups end as misses).
-            drop(lookup);
-        }
+        stop_quietly(self.inner.take());
+    }
+}
+
+/// Drops a lookup with the GIL released, so a Python backend's last call can
+/// finish. Without the interpreter (it is shutting down) it is dropped as
+/// it is: a Python backend's worker cannot attach then either, so it never
+/// waits for the GIL.
+fn stop_quietly(mut lookup: Option<AnyLookup>) {
+    if lookup.is_some() {
+        let _ = Python::try_attach(|py| py.detach(|| drop(lookup.take())));
+        drop(lookup);
     }
 }
 

@@ -118,7 +118,11 @@ pub(crate) fn push_vllm_path(key: &[u8], out: &mut String) -> Result<(), TierErr
     let digits = 2 * hash.len();
     let nibble = |i: usize| {
         let byte = hash[i / 2];
-        let value = if i.is_multiple_of(2) { byte >> 4 } else { byte & 0xf };
+        let value = if i.is_multiple_of(2) {
+            byte >> 4
+        } else {
+            byte & 0xf
+        };
         char::from_digit(u32::from(value), 16).unwrap_or('0')
     };
     out.extend((0..digits.min(3)).map(nibble));
