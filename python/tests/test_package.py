@@ -1,0 +1,81 @@
+"""The package's surface: stubs that match the native module, docstrings
+everywhere, the quick start in the README, the doctest of the package."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import pathlib
+import re
+
+import kvtier
+import kvtier.vllm
+from kvtier import _native
+
+PACKAGE = pathlib.Path(kvtier.__file__).parent
+#: The repository: the tests run against the installed package, wherever it is.
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def stub_names() -> dict[str, set[str]]:
+    """Top-level names of _native.pyi, and the members of each class."""
+    tree = ast.parse((PACKAGE / "_native.pyi").read_text())
+    names: dict[str, set[str]] = {"": set()}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names[""].add(node.name)
+            names[node.name] = {
+                item.name for item in node.body if isinstance(item, ast.FunctionDef)
+            }
+        elif isinstance(node, ast.FunctionDef):
+            names[""].add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[""].add(node.target.id)
+    return names
+
+
+DUNDERS = {"__len__", "__enter__", "__exit__"}
+
+
+def test_the_stubs_name_exactly_what_the_native_module_has():
+    stubs = stub_names()
+    stub_top = {n for n in stubs[""] if not n.startswith("_")}
+    runtime_top = {n for n in dir(_native) if not n.startswith("_")}
+    assert stub_top == runtime_top
+    for cls in stub_top:
+        runtime = getattr(_native, cls)
+        if not isinstance(runtime, type) or issubclass(runtime, BaseException):
+            continue
+        members = {n for n in vars(runtime) if not n.startswith("_") or n in DUNDERS}
+        stubbed = {n for n in stubs[cls] if not n.startswith("_") or n in DUNDERS}
+        assert stubbed == members, cls
+
+
+def test_every_public_native_name_has_a_docstring():
+    missing = []
+    for name in dir(_native):
+        if name.startswith("_"):
+            continue
+        item = getattr(_native, name)
+        if not getattr(item, "__doc__", None):
+            missing.append(name)
+        if isinstance(item, type):
+            for member, value in vars(item).items():
+                if not member.startswith("_") and not getattr(value, "__doc__", None):
+                    missing.append(f"{name}.{member}")
+    assert missing == []
+
+
+def test_the_package_docstrings_run():
+    for module in (kvtier, kvtier.vllm):
+        failures, _ = doctest.testmod(module)
+        assert failures == 0
+
+
+def test_the_readmes_python_quick_start_runs(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert blocks, "the README has a Python quick start"
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
