@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Remove or invert each guarding line of the lookup core (L*), of the
 concurrent-group tasks driver (T*), of the save-completion core (S*) and of
-the file-system tier (F*), on a scratch copy, and show which check then fails.
+the file-system tier (F*) and of the Python package's native module (P*), on
+a scratch copy, and show which check then fails.
 
     python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
     python3 models/mutants.py --matrix   # every mutation against every suite
     python3 models/mutants.py --anchors  # only check that every mutation applies
+    python3 models/mutants.py P          # the Python package's (not in the default run)
 
 Each mutation names the invariant (docs/design.md) whose guard it breaks, the
 text it replaces, and the check expected to catch it. The code marks each
@@ -41,6 +43,26 @@ LOOM = {"RUSTFLAGS": "--cfg kvtier_loom"}
 SHUTTLE = {"RUSTFLAGS": "--cfg kvtier_shuttle"}
 MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
 
+# The Python package's checks: build the extension module from the scratch
+# tree into a venv of its own (maturin develop, a debug build), then run
+# pytest on the tests named. Each P mutant rebuilds the module, so the P
+# mutations run only when asked for (`mutants.py P`), not in the default run.
+PY_VENV = os.path.join(SCRATCH, "py-venv")
+
+
+def pytest(*tests):
+    bin = os.path.join(PY_VENV, "bin")
+    return ["bash", "-c",
+            f"cd python && VIRTUAL_ENV={PY_VENV} PATH={bin}:$PATH {bin}/maturin develop -q "
+            f"&& {bin}/python -m pytest -x -q -p no:cacheprovider " + " ".join(tests)]
+
+
+def ensure_py_venv():
+    if not os.path.exists(os.path.join(PY_VENV, "bin", "maturin")):
+        subprocess.run([sys.executable, "-m", "venv", PY_VENV], check=True)
+        subprocess.run([os.path.join(PY_VENV, "bin", "pip"), "install", "-q", "maturin", "pytest"], check=True)
+
+
 # Every suite that can see each protocol's code, keyed by the first letter of
 # the mutation ids (L: lookup, T: the tasks driver, S: save completion,
 # F: the fs tier). The abstract protocol
@@ -67,6 +89,9 @@ SUITES = {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "save_steps"], {}),
         "proptest": (MODELS + ["proptest_wire"], {}),
         "fuzz corpus": (MODELS + ["fuzz_corpus"], {}),
+    },
+    "P": {
+        "pytest": (pytest("tests"), {}),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -701,6 +726,58 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "fs_tier", "a_key_too_long"],
     ),
     Mutation(
+        "F11-vllm-key-holds-a-hash",
+        "a vLLM key of four bytes or fewer (no hash) names a file in the rank directory",
+        [(".filter(|&n| n > 0)", "")],
+        TEST + ["-p", "kvtier", "--lib", "a_key_without_a_hash_is_refused"],
+    ),
+    Mutation(
+        "F12-vllm-bad-key-fails-alone",
+        "a vLLM key whose file name cannot exist is stat'ed, and its error fails the whole group",
+        [("if push_vllm_path(key.as_ref(), &mut name).is_err() || !name_fits(&name) {", "if false {"),
+         ("if push_vllm_path(key.as_ref(), &mut names).is_err() || !name_fits(&names[start..]) {",
+          "if push_vllm_path(key.as_ref(), &mut names).is_err() {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_layout", "a_key_that_names_no_file"],
+    ),
+    Mutation(
+        "P1-shutdown-lets-go-of-the-gil",
+        "Lookup.shutdown joins the prober holding the GIL, which a Python backend's last call needs",
+        [("let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));",
+          "let stopped = lookup.shutdown().map(|table| table.stats());")],
+        pytest("tests/test_lookup.py::test_shutdown_never_deadlocks_with_a_python_backend_that_needs_the_gil"),
+    ),
+    Mutation(
+        "P2-wait-idle-lets-go-of-the-gil",
+        "Lookup.wait_idle waits holding the GIL, so no Python thread can finish a backend's call",
+        [("py.detach(|| lookup.wait_idle()).map_err(lookup_error)",
+          "lookup.wait_idle().map_err(lookup_error)")],
+        pytest("tests/test_lookup.py::test_wait_idle_releases_the_gil_for_other_python_threads"),
+    ),
+    Mutation(
+        "P3-backend-shown-to-the-gc",
+        "a Python backend is hidden from the garbage collector: a cycle through it keeps the worker forever",
+        [("visit.call(backend)?;", "let _ = backend;")],
+        pytest("tests/test_lookup.py::test_a_lookup_caught_in_a_cycle_is_collected_and_stops_its_worker"),
+    ),
+    Mutation(
+        "P4-panics-become-kvtier-errors",
+        "a Rust panic reaches Python as PyO3's PanicException (a BaseException) instead of kvtier.InternalError",
+        [("match catch_unwind(AssertUnwindSafe(body)) {", "match Ok::<_, ()>(body()) {")],
+        pytest("tests/test_lookup.py::test_a_rust_panic_surfaces_as_a_kvtier_exception"),
+    ),
+    Mutation(
+        "P5-python-answers-bounded",
+        "a Python backend's answers are consumed to the end: an endless iterator hangs the worker",
+        [("for answer in answers.try_iter()?.take(limit) {", "for answer in answers.try_iter()? {")],
+        pytest("tests/test_lookup.py::test_an_endless_answer_iterator_is_cut_at_one_past_the_keys"),
+    ),
+    Mutation(
+        "P6-request-cache-checks-the-object",
+        "the request-id cache answers for any request object, so keys land on the previous request",
+        [("&& object.as_ptr() == request.as_ptr()", "&& !object.as_ptr().is_null()")],
+        pytest("tests/test_vllm_manager.py"),
+    ),
+    Mutation(
         "F8-endpoint-has-no-query",
         "an endpoint with a query is accepted (every HEAD of a block becomes a HEAD of the bucket)",
         [("    if parsed.query().is_some() {", "    if false {")],
@@ -737,11 +814,15 @@ GUARD_WINDOW = 12
 GUARD_TAG = re.compile(r"^[ \t]*// guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
 
 
+#: Where guard tags live: the library, and the Python package's native module.
+GUARDED = ["src", os.path.join("python", "src")]
+
+
 def guard_tags(tree):
-    """{id: [(file, line)]} for every `// guard: <id>` line under src/,
+    """{id: [(file, line)]} for every `// guard: <id>` line under GUARDED,
     lines counted in the file with every tag line removed."""
     tags = {}
-    for folder, _, files in os.walk(os.path.join(tree, "src")):
+    for folder, _, files in (w for top in GUARDED for w in os.walk(os.path.join(tree, top))):
         for name in sorted(files):
             if not name.endswith(".rs"):
                 continue
@@ -761,7 +842,7 @@ def locate(mutation, tree):
     tags, or a reason why they cannot be used."""
     places = guard_tags(tree).get(mutation.id)
     if not places:
-        return f"no `// guard: {mutation.id}` tag under src/"
+        return f"no `// guard: {mutation.id}` tag under {' or '.join(GUARDED)}"
     files = {file for file, _ in places}
     if len(files) != 1:
         return f"the tags of {mutation.id} are in several files: {sorted(files)}"
@@ -908,8 +989,13 @@ def main():
     as_matrix = "--matrix" in args
     prefixes = [a for a in args if a != "--matrix"]
     selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]
+    if not prefixes:
+        # Each P mutant rebuilds the extension module: asked for by name only.
+        selected = [m for m in selected if not m.id.startswith("P")]
     if not selected:
         sys.exit(f"no mutation id starts with {prefixes}")
+    if any(m.id.startswith("P") for m in selected):
+        ensure_py_venv()
     tree = sync_scratch()
     if as_matrix:
         matrix(selected, tree)

@@ -52,7 +52,7 @@ fn is_check_name(name: &str) -> bool {
 /// A mutation id: a protocol letter, a number, `-`, lowercase words.
 fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
-    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F' | 'W'))
+    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F' | 'W' | 'P'))
         && span[1..].split_once('-').is_some_and(|(number, rest)| {
             !number.is_empty()
                 && number.bytes().all(|b| b.is_ascii_digit())
@@ -136,7 +136,8 @@ fn mutation_ids(mutants: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every mutation is anchored on a `// guard: <id>` tag in the library, and
+/// Every mutation is anchored on a `// guard: <id>` tag in the library (or
+/// the Python package's native module), and
 /// every tag belongs to a mutation: a guard nobody mutates is a claim with
 /// no check behind it, and a mutation without its tag cannot run.
 #[test]
@@ -144,6 +145,7 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
     let root = root();
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("python/src"), &mut files);
     let mut tags = std::collections::BTreeSet::new();
     for file in &files {
         for line in std::fs::read_to_string(file).unwrap().lines() {

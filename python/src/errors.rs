@@ -86,6 +86,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// (a `BaseException` that `except Exception` would not catch).
 #[inline(always)]
 pub(crate) fn guard<T>(body: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    // guard: P4-panics-become-kvtier-errors
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(result) => result,
         Err(payload) => Err(InternalError::new_err(panic_message(payload.as_ref()))),

@@ -89,6 +89,7 @@ impl Backend<Key, String> for PythonBackend {
                 let keys = PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))?;
                 let answers = slot.get().call.bind(py).call1((keys, request.as_str()))?;
                 let mut found = Vec::with_capacity(limit);
+                // guard: P5-python-answers-bounded
                 for answer in answers.try_iter()?.take(limit) {
                     found.push(answer?.is_truthy()?);
                 }
@@ -470,6 +471,7 @@ impl PyLookup {
     fn wait_idle(&mut self, py: Python<'_>) -> PyResult<usize> {
         guard(|| {
             let lookup = self.open()?;
+            // guard: P2-wait-idle-lets-go-of-the-gil
             py.detach(|| lookup.wait_idle()).map_err(lookup_error)
         })
     }
@@ -570,6 +572,7 @@ impl PyLookup {
             let Some(lookup) = self.inner.take() else {
                 return Ok(None);
             };
+            // guard: P1-shutdown-lets-go-of-the-gil
             let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));
             match stopped {
                 Ok(stats) => Ok(Some(stats_dict(py, &stats)?)),
@@ -579,6 +582,7 @@ impl PyLookup {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // guard: P3-backend-shown-to-the-gc
         if let Some(backend) = &self.backend {
             visit.call(backend)?;
         }
@@ -623,6 +627,7 @@ impl PyLookup {
     /// the request object changed.
     fn remember_request(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Some((object, _)) = &self.last_request
+            // guard: P6-request-cache-checks-the-object
             && object.as_ptr() == request.as_ptr()
         {
             return Ok(());

@@ -267,6 +267,21 @@ def test_a_faulty_python_backend_gives_misses_never_a_stuck_key(backend, counter
             assert verdicts[-1] is MISS
 
 
+def test_an_endless_answer_iterator_is_cut_at_one_past_the_keys():
+    import itertools
+
+    with Lookup.python(lambda keys, req: itertools.repeat(True)) as lookup:
+        lookup.lookup_many([b"k1", b"k2"], "r")
+        lookup.flush()
+        faulthandler.dump_traceback_later(PATIENCE, exit=True)  # a hang fails the run
+        try:
+            lookup.wait_idle()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        assert lookup.lookup_many([b"k1", b"k2"], "r") == ([HIT, HIT], 2)
+        assert lookup.stats()["surplus_results"] == 1
+
+
 def test_a_backend_object_with_batch_lookup_is_called_by_method():
     backend = ScriptedBackend(stored=[b"x"])
     with Lookup.python(backend) as lookup:

@@ -104,7 +104,7 @@ impl VllmFsLayout {
 /// slices (a hash shorter than three bytes gives a shorter fan-out, as in
 /// vLLM). Writes nothing for a key too short to hold a hash.
 pub(crate) fn push_vllm_path(key: &[u8], out: &mut String) -> Result<(), TierError> {
-    // guard: V1-key-holds-a-hash
+    // guard: F11-vllm-key-holds-a-hash
     let Some(hash_len) = key.len().checked_sub(GROUP_BYTES).filter(|&n| n > 0) else {
         return Err(TierError::KeyFormat {
             length: key.len(),
@@ -152,7 +152,7 @@ impl<K: AsRef<[u8]>, R> Backend<K, R> for VllmFsLayout {
         keys.iter()
             .map(|key| {
                 name.clear();
-                // guard: V2-a-bad-key-fails-alone
+                // guard: F12-vllm-bad-key-fails-alone
                 if push_vllm_path(key.as_ref(), &mut name).is_err() || !name_fits(&name) {
                     return Ok(false); // only this key: no such file exists
                 }
@@ -177,6 +177,7 @@ where
         let mut ends = Vec::with_capacity(keys.len());
         for key in keys {
             let start = names.len();
+            // guard: F12-vllm-bad-key-fails-alone
             if push_vllm_path(key.as_ref(), &mut names).is_err() || !name_fits(&names[start..]) {
                 names.truncate(start);
             }
