@@ -762,7 +762,8 @@ MUTATIONS = [
     Mutation(
         "P4-panics-become-kvtier-errors",
         "a Rust panic reaches Python as PyO3's PanicException (a BaseException) instead of kvtier.InternalError",
-        [("match catch_unwind(AssertUnwindSafe(body)) {", "match Ok::<_, ()>(body()) {")],
+        [("match catch_unwind(AssertUnwindSafe(body)) {",
+          "match Ok::<_, Box<dyn std::any::Any + Send>>(body()) {")],
         pytest("tests/test_lookup.py::test_a_rust_panic_surfaces_as_a_kvtier_exception"),
     ),
     Mutation(
@@ -929,6 +930,8 @@ def check(command, env_extra, tree):
     if not failed:
         return "SURVIVED", "the check passed with the guard removed"
     failing = [l.split(" --- ")[0].strip() for l in output.splitlines() if l.endswith(" --- FAILED")]
+    # pytest names its failures, and faulthandler a hang it ended.
+    failing += [l.strip() for l in output.splitlines() if l.startswith("FAILED ") or l.startswith("Timeout (")]
     return "CAUGHT", ("failing test: " + failing[0] if failing else "the check failed")[:160]
 
 

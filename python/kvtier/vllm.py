@@ -152,6 +152,7 @@ class AsyncLookupManager:
         #: Worker losses seen by ``flush`` (their keys were answered as misses).
         self.flush_errors = 0
         self._contexts: Optional[dict[str, Any]] = None
+        self._last_context: Any = None
         if lookup is None:
             if type(self).batch_lookup is AsyncLookupManager.batch_lookup:
                 raise TypeError(
@@ -201,19 +202,24 @@ class AsyncLookupManager:
 
     def lookup(self, key: bytes, req_context: Any) -> Optional[bool]:
         """``True`` (HIT), ``False`` (MISS) or ``None`` (RETRY next step)."""
-        if self._contexts is not None:
-            req_id = req_context if isinstance(req_context, str) else req_context.req_id
-            if req_id not in self._contexts:
-                self._contexts[req_id] = req_context
+        if req_context is not self._last_context and self._contexts is not None:
+            self._remember(req_context)
         return self._lookup.lookup(key, req_context)
 
     def lookup_many(self, keys: Sequence[bytes], req_context: Any) -> tuple[list[Optional[bool]], int]:
         """One request's keys in one native call: their verdicts and how many
         leading keys are hits."""
-        if self._contexts is not None:
-            req_id = req_context if isinstance(req_context, str) else req_context.req_id
-            self._contexts.setdefault(req_id, req_context)
+        if req_context is not self._last_context and self._contexts is not None:
+            self._remember(req_context)
         return self._lookup.lookup_many(keys, req_context)
+
+    def _remember(self, req_context: Any) -> None:
+        """Keeps the context batch_lookup gets for the request's groups. A
+        scheduler asks for one request's keys in a row, so this runs once
+        per request per step, not once per key."""
+        self._last_context = req_context
+        req_id = req_context if isinstance(req_context, str) else req_context.req_id
+        self._contexts[req_id] = req_context
 
     def flush(self) -> None:
         """Ends the step: the step's new keys go to the prober. Never waits.
@@ -239,6 +245,7 @@ class AsyncLookupManager:
         self._lookup.cleanup(req_id)
         if self._contexts is not None:
             self._contexts.pop(req_id, None)
+            self._last_context = None
 
     def on_schedule_end(self) -> None:
         """The tier manager's end-of-step hook: ``flush()``."""
