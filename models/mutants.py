@@ -45,7 +45,8 @@ MODELS = TEST + ["--release", "-p", "kvtier-models", "--test"]
 
 # The Python package's checks: build the extension module from the scratch
 # tree into a venv of its own (maturin develop, a debug build), then run
-# pytest on the tests named. Each P mutant rebuilds the module, so the P
+# pytest on the tests named (`-s`, so a watchdog's report of a hang is seen).
+# Each P mutant rebuilds the module, so the P
 # mutations run only when asked for (`mutants.py P`), not in the default run.
 PY_VENV = os.path.join(SCRATCH, "py-venv")
 
@@ -54,7 +55,7 @@ def pytest(*tests):
     bin = os.path.join(PY_VENV, "bin")
     return ["bash", "-c",
             f"cd python && VIRTUAL_ENV={PY_VENV} PATH={bin}:$PATH {bin}/maturin develop -q "
-            f"&& {bin}/python -m pytest -x -q -p no:cacheprovider " + " ".join(tests)]
+            f"&& {bin}/python -m pytest -x -q -s -p no:cacheprovider " + " ".join(tests)]
 
 
 def ensure_py_venv():
@@ -931,7 +932,8 @@ def check(command, env_extra, tree):
         return "SURVIVED", "the check passed with the guard removed"
     failing = [l.split(" --- ")[0].strip() for l in output.splitlines() if l.endswith(" --- FAILED")]
     # pytest names its failures, and faulthandler a hang it ended.
-    failing += [l.strip() for l in output.splitlines() if l.startswith("FAILED ") or l.startswith("Timeout (")]
+    failing += [l.strip() for l in output.splitlines() if l.startswith("FAILED ")]
+    failing += ["hung: " + l.strip() for l in output.splitlines() if "Timeout (" in l]
     return "CAUGHT", ("failing test: " + failing[0] if failing else "the check failed")[:160]
 
 

@@ -2,8 +2,9 @@
 //! a name that no longer exists in the code is a claim nobody checks. This
 //! test fails when docs/design.md, docs/verification.md or the README name
 //! a test, model or helper (a backquoted `snake_case_name` of four or more
-//! words) that appears nowhere in the Rust sources, or a mutation id
-//! (`L3-...`, `S6-...`) that `models/mutants.py` does not define.
+//! words) that appears nowhere in the sources (Rust, and the Python
+//! package's), or a mutation id (`L3-...`, `S6-...`) that
+//! `models/mutants.py` does not define.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,11 @@ fn root() -> PathBuf {
 
 /// Every `.rs` file below `dir`, skipping build output.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    source_files(dir, "rs", out);
+}
+
+/// Every file with extension `ext` below `dir`, skipping build output.
+fn source_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -24,8 +30,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             continue;
         }
         if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            source_files(&path, ext, out);
+        } else if path.extension().is_some_and(|e| e == ext) {
             out.push(path);
         }
     }
@@ -75,8 +81,12 @@ fn every_check_and_mutation_the_docs_name_exists() {
         "benches",
         "examples",
         "fuzz/fuzz_targets",
+        "python/src",
     ] {
         rust_files(&root.join(dir), &mut files);
+    }
+    for dir in ["python/tests", "python/kvtier", "python/bench"] {
+        source_files(&root.join(dir), "py", &mut files);
     }
     assert!(files.len() > 50, "found only {} Rust files", files.len());
     let code: String = files
@@ -95,7 +105,7 @@ fn every_check_and_mutation_the_docs_name_exists() {
             if is_check_name(name) {
                 named += 1;
                 if !code.contains(name) {
-                    missing.push(format!("{doc}: `{span}` names nothing in the Rust sources"));
+                    missing.push(format!("{doc}: `{span}` names nothing in the sources"));
                 }
             } else if is_mutation_id(span) {
                 named += 1;

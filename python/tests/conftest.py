@@ -3,6 +3,8 @@ store tasks completed by the test, and an S3 server on loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import socket
 import threading
@@ -82,6 +84,17 @@ class GatedTask:
             raise TimeoutError("the test never finished the task")
         if self.fail:
             raise OSError(self.fail)
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float = PATIENCE):
+    """Ends the test run, with every thread's stack, if the block hangs:
+    a deadlock fails instead of holding the suite forever."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def native_threads(prefix: str, expect: Optional[int] = None) -> int:

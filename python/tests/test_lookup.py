@@ -3,7 +3,6 @@ real S3-compatible server, vLLM's layout, the GIL, faults and bad input."""
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
 import json
 import os
@@ -14,7 +13,7 @@ import time
 import pytest
 
 import kvtier
-from conftest import PATIENCE, ScriptedBackend, native_threads
+from conftest import PATIENCE, ScriptedBackend, native_threads, watchdog
 from kvtier import ConfigError, HIT, MISS, RETRY, Lookup, ShutdownError, TierError
 from kvtier.vllm import base_dir, block_path, make_key, rank_dir, split_key
 
@@ -198,11 +197,8 @@ def test_shutdown_never_deadlocks_with_a_python_backend_that_needs_the_gil():
     lookup.lookup(b"k", "r")
     lookup.flush()
     assert started.wait(PATIENCE)
-    faulthandler.dump_traceback_later(PATIENCE, exit=True)  # a hang fails the run
-    try:
+    with watchdog():
         stats = lookup.shutdown()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
     assert stats["groups_applied"] == 1, "the call in progress finished and was applied"
 
 
@@ -214,11 +210,8 @@ def test_wait_idle_releases_the_gil_for_other_python_threads():
     # Another Python thread lets the backend finish; it can only run while
     # wait_idle has let go of the GIL.
     threading.Timer(0.05, release.set).start()
-    faulthandler.dump_traceback_later(PATIENCE, exit=True)
-    try:
+    with watchdog():
         assert lookup.wait_idle() == 1
-    finally:
-        faulthandler.cancel_dump_traceback_later()
     assert lookup.lookup(b"k", "r") is HIT
     lookup.shutdown()
 
@@ -273,11 +266,8 @@ def test_an_endless_answer_iterator_is_cut_at_one_past_the_keys():
     with Lookup.python(lambda keys, req: itertools.repeat(True)) as lookup:
         lookup.lookup_many([b"k1", b"k2"], "r")
         lookup.flush()
-        faulthandler.dump_traceback_later(PATIENCE, exit=True)  # a hang fails the run
-        try:
+        with watchdog():
             lookup.wait_idle()
-        finally:
-            faulthandler.cancel_dump_traceback_later()
         assert lookup.lookup_many([b"k1", b"k2"], "r") == ([HIT, HIT], 2)
         assert lookup.stats()["surplus_results"] == 1
 
