@@ -154,13 +154,23 @@ def bench_step(steps: int, runs: int) -> dict:
         for name in STEP_IMPLS:  # alternated, so drift hits all alike
             samples[name].append(run_step_trace(name, trace_steps, stored))
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    base = medians["reference"]
+    # Ratios within each run (the runs alternate the implementations, so a
+    # slow moment of the machine hits a run's figures alike), then their
+    # median and range over the runs.
+    ratios = {
+        name: [ref / own for ref, own in zip(samples["reference"], samples[name])]
+        for name in STEP_IMPLS
+    }
     print(f"\nstep trace: {steps} steps x {LIVE} requests x {KEYS_PER_REQUEST} keys, median of {runs} runs")
-    print(f"{'implementation':<16} {'ns/key':>9} {'range':>17} {'reference / this':>17}")
+    print(f"{'implementation':<16} {'ns/key':>9} {'range':>17} {'reference / this':>17} {'range':>13}")
     for name in STEP_IMPLS:
         lo, hi = min(samples[name]), max(samples[name])
-        print(f"{name:<16} {medians[name]:9.1f} {lo:8.1f}-{hi:<8.1f} {base / medians[name]:16.2f}x")
-    return {"ns_per_key": medians, "runs": samples}
+        r = ratios[name]
+        print(
+            f"{name:<16} {medians[name]:9.1f} {lo:8.1f}-{hi:<8.1f} {statistics.median(r):16.2f}x"
+            f" {min(r):5.2f}-{max(r):<5.2f}"
+        )
+    return {"ns_per_key": medians, "runs": samples, "ratio_to_reference": ratios}
 
 
 # GIL contention ---------------------------------------------------------------

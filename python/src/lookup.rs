@@ -153,7 +153,7 @@ pub(crate) struct PyLookup {
     /// The last request id object seen and its Rust copy: a scheduler asks
     /// for one request's keys in a row with the same `str` object.
     last_request: Option<(Py<PyAny>, String)>,
-    /// Reused for every key, so a lookup of a known key allocates nothing.
+    /// Reused for every key: a lookup allocates only a hit's ticket.
     key: Key,
     /// Reused by `lookup_many`.
     keys: Vec<Key>,
@@ -200,9 +200,7 @@ impl PyLookup {
     }
 
     fn open(&mut self) -> PyResult<&mut AnyLookup> {
-        self.inner
-            .as_mut()
-            .ok_or_else(|| ShutdownError::new_err("the lookup was shut down"))
+        self.inner.as_mut().ok_or_else(closed)
     }
 }
 
@@ -315,7 +313,7 @@ impl PyLookup {
                 (Some(id), Some(secret)) => options = options.credentials(id, secret),
                 (None, None) => {}
                 _ => {
-                    return Err(config_error(
+                    return Err(crate::errors::config(
                         "give both access_key_id and secret_access_key, or neither",
                     ));
                 }
@@ -658,10 +656,6 @@ pub(crate) fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
 
 fn closed() -> PyErr {
     ShutdownError::new_err("the lookup was shut down")
-}
-
-fn config_error(message: &str) -> PyErr {
-    config(message)
 }
 
 /// An optional keyword whose absence differs from `None`: `Unset(None)`
