@@ -84,7 +84,9 @@ SUITES = {
         "shuttle": (MODELS + ["shuttle_tasks"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
     },
     "F": {
-        "tests": (TEST + ["-p", "kvtier", "--test", "fs_tier", "--test", "object_tier", "--lib"], {}),
+        "tests": (TEST + ["-p", "kvtier", "--test", "fs_tier", "--test", "object_tier",
+                          "--test", "vllm_layout", "--lib"], {}),
+        "proptest": (MODELS + ["proptest_vllm_layout"], {}),
     },
     "W": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "save_steps"], {}),
