@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kvtier::lookup::{Backend, TokioConfig};
+use kvtier::lookup::{Backend, Prober, TokioConfig};
 use kvtier::tier::VllmFsLayout;
 use kvtier::{Lookup, TierError};
 
@@ -59,6 +59,20 @@ fn fixture(rank_dir: &Path) -> (Vec<Vec<u8>>, Vec<bool>) {
     (keys, stored)
 }
 
+/// Which of `keys` are hits once their probes were answered.
+fn hits_after_probing<P: Prober<Vec<u8>, String>>(
+    lookup: &mut Lookup<Vec<u8>, String, P>,
+    keys: &[Vec<u8>],
+) -> Vec<bool> {
+    let request = "req".to_string();
+    let mut verdicts = Vec::new();
+    lookup.lookup_all(keys, &request, &mut verdicts);
+    lookup.flush().unwrap();
+    lookup.wait_idle().unwrap();
+    lookup.lookup_all(keys, &request, &mut verdicts);
+    verdicts.iter().map(|v| v.is_hit()).collect()
+}
+
 #[test]
 fn the_thread_prober_finds_exactly_the_blocks_vllm_wrote() {
     let root = tempfile::tempdir().unwrap();
@@ -77,14 +91,7 @@ fn the_thread_prober_finds_exactly_the_blocks_vllm_wrote() {
         assert_eq!(layout.contains(key).unwrap(), *stored);
     }
     let mut lookup = Lookup::threaded(layout).unwrap();
-    let request = "req".to_string();
-    let mut verdicts = Vec::new();
-    lookup.lookup_all(&keys, &request, &mut verdicts);
-    lookup.flush().unwrap();
-    lookup.wait_idle().unwrap();
-    lookup.lookup_all(&keys, &request, &mut verdicts);
-    let hits: Vec<bool> = verdicts.iter().map(|v| v.is_hit()).collect();
-    assert_eq!(hits, stored);
+    assert_eq!(hits_after_probing(&mut lookup, &keys), stored);
     assert_eq!(lookup.stats().backend_errors, 0);
 }
 
@@ -94,14 +101,7 @@ fn the_tokio_prober_finds_exactly_the_blocks_vllm_wrote() {
     let rank_dir = VllmFsLayout::for_rank(root.path().join("m_0123456789ab"), 2).unwrap();
     let (keys, stored) = fixture(rank_dir.rank_dir());
     let mut lookup = Lookup::tokio(rank_dir, TokioConfig::default()).unwrap();
-    let request = "req".to_string();
-    let mut verdicts = Vec::new();
-    lookup.lookup_all(&keys, &request, &mut verdicts);
-    lookup.flush().unwrap();
-    lookup.wait_idle().unwrap();
-    lookup.lookup_all(&keys, &request, &mut verdicts);
-    let hits: Vec<bool> = verdicts.iter().map(|v| v.is_hit()).collect();
-    assert_eq!(hits, stored);
+    assert_eq!(hits_after_probing(&mut lookup, &keys), stored);
 }
 
 #[test]
@@ -128,12 +128,9 @@ fn a_key_that_names_no_file_is_a_miss_on_its_own() {
     ));
 
     let mut lookup = Lookup::tokio(layout, TokioConfig::default()).unwrap();
-    let mut verdicts = Vec::new();
-    lookup.lookup_all(&group, &"r".to_string(), &mut verdicts);
-    lookup.flush().unwrap();
-    lookup.wait_idle().unwrap();
-    lookup.lookup_all(&group, &"r".to_string(), &mut verdicts);
-    let hits: Vec<bool> = verdicts.iter().map(|v| v.is_hit()).collect();
-    assert_eq!(hits, [false, true, false, false]);
+    assert_eq!(
+        hits_after_probing(&mut lookup, &group),
+        [false, true, false, false]
+    );
     assert_eq!(lookup.stats().backend_errors, 0);
 }

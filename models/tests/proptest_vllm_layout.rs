@@ -2,8 +2,8 @@
 //! the path is the one vLLM's rule gives (written here as Python slices
 //! it: `hex[0:3]`, `hex[3:5]`, the group as a decimal), or the key is
 //! refused when it holds no hash; different keys never share a path; and a
-//! lookup of any key in an empty rank directory answers a miss, never an
-//! error, whatever the key.
+//! group of any keys, some stored, is answered key by key, never with an
+//! error (so a name too long to exist is not handed to the file system).
 //!
 //! Run: `cargo test -p kvtier-models --release --test proptest_vllm_layout`;
 //! more cases: `PROPTEST_CASES=100000`.
@@ -65,12 +65,29 @@ proptest! {
     }
 
     #[test]
-    fn any_group_of_keys_in_an_empty_directory_is_all_misses(group in prop::collection::vec(keys(), 0..6)) {
+    fn a_group_is_answered_key_by_key(group in prop::collection::vec((keys(), any::<bool>()), 0..6)) {
         let root = tempfile_dir();
         let mut layout = VllmFsLayout::new(&root).unwrap();
-        let answers = layout.batch_lookup(&group, &0u64);
-        std::fs::remove_dir(&root).unwrap();
-        prop_assert_eq!(answers.unwrap(), vec![false; group.len()]);
+        // Every shard directory exists, so a name too long to exist would
+        // reach the file system's own check; some blocks are stored.
+        for (key, store) in &group {
+            if let Some(rule) = expected(key) {
+                let path = root.join(rule);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let fits = path.file_name().unwrap().len() <= 255;
+                if *store && fits {
+                    std::fs::write(&path, b"block").unwrap();
+                }
+            }
+        }
+        let keys: Vec<Vec<u8>> = group.iter().map(|(key, _)| key.clone()).collect();
+        let want: Vec<bool> = keys
+            .iter()
+            .map(|key| expected(key).is_some_and(|rule| root.join(rule).is_file()))
+            .collect();
+        let answers = layout.batch_lookup(&keys, &0u64);
+        std::fs::remove_dir_all(&root).unwrap();
+        prop_assert_eq!(answers.unwrap(), want);
     }
 }
 

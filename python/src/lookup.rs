@@ -101,18 +101,32 @@ impl Backend<Key, String> for PythonBackend {
     }
 }
 
-/// Settings of a native prober, from keyword arguments.
-fn tokio_config(
-    concurrency: usize,
-    group_timeout: Option<f64>,
-    shutdown_grace: f64,
-    threads: usize,
-) -> PyResult<TokioConfig> {
-    let config = TokioConfig::default()
-        .max_concurrent_groups(concurrency)
-        .group_timeout(group_timeout.map(seconds).transpose()?)
-        .shutdown_grace(seconds(shutdown_grace)?)
-        .worker_threads(threads);
+/// The keyword arguments every native prober takes.
+const NATIVE_SETTINGS: &str = "concurrency, group_timeout, shutdown_grace, threads";
+
+/// Settings of a native prober from its keyword arguments: `concurrency`
+/// (groups probed at once), `group_timeout` (seconds, or `None`),
+/// `shutdown_grace` (seconds) and `threads` (runtime threads). The defaults
+/// are `TokioConfig::default()`'s: 4 groups, 2 s, 1 s, 2 threads.
+fn native_config(settings: Option<&Bound<'_, PyDict>>) -> PyResult<TokioConfig> {
+    let mut config = TokioConfig::default();
+    for (name, value) in settings.into_iter().flatten() {
+        let name: String = name.extract()?;
+        config = match name.as_str() {
+            "concurrency" => config.max_concurrent_groups(value.extract()?),
+            "group_timeout" => {
+                let timeout: Option<f64> = value.extract()?;
+                config.group_timeout(timeout.map(seconds).transpose()?)
+            }
+            "shutdown_grace" => config.shutdown_grace(seconds(value.extract()?)?),
+            "threads" => config.worker_threads(value.extract()?),
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected keyword argument {other:?}: a native prober takes {NATIVE_SETTINGS}"
+                )));
+            }
+        };
+    }
     config.validate().map_err(lookup_error)?;
     Ok(config)
 }
@@ -207,33 +221,9 @@ impl PyLookup {
 /// The counters of a [`LookupStats`] as a `dict` of ints.
 fn stats_dict<'py>(py: Python<'py>, stats: &LookupStats) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    macro_rules! put {
-        ($($field:ident),* $(,)?) => { $( dict.set_item(stringify!($field), stats.$field)?; )* };
+    for (name, value) in stats.counters() {
+        dict.set_item(name, value)?;
     }
-    put!(
-        lookups,
-        hits,
-        misses,
-        pending,
-        keys_submitted,
-        groups_submitted,
-        groups_applied,
-        stale_results,
-        orphans_dropped,
-        anomalies,
-        foreign,
-        marked_miss,
-        backend_errors,
-        backend_panics,
-        short_results,
-        surplus_results,
-        timeouts,
-        cancelled,
-        deadline_misses,
-        late_answers,
-        shed,
-        abandoned,
-    );
     Ok(dict)
 }
 
@@ -250,21 +240,19 @@ impl PyLookup {
     /// a key (block hash + 4-byte big-endian group index) is a hit when
     /// `<hex[:3]>/<hex[3:5]>_g<group>/<hex>.bin` is a file. Native: the
     /// probes run on threads that never take the GIL, `concurrency` groups at
-    /// once, each within `group_timeout` seconds (`None`: no timeout).
+    /// once (default 4), each within `group_timeout` seconds (default 2;
+    /// `None`: no timeout); `shutdown_grace` (default 1 s) and `threads`
+    /// (default 2) complete the settings every native prober takes.
     #[staticmethod]
-    #[pyo3(signature = (rank_dir, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    #[pyo3(signature = (rank_dir, **settings))]
     fn vllm_fs(
         rank_dir: std::path::PathBuf,
-        concurrency: usize,
-        group_timeout: Option<f64>,
-        shutdown_grace: f64,
-        threads: usize,
+        settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
-            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let describe = format!("vllm_fs({:?})", layout.rank_dir());
-            Self::native(describe, layout, config)
+            Self::native(describe, layout, native_config(settings)?)
         })
     }
 
@@ -272,19 +260,19 @@ impl PyLookup {
     /// the existing directory `root`, blocks in kvtier's checked format.
     /// Native, like `vllm_fs`.
     #[staticmethod]
-    #[pyo3(signature = (root, namespace, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    #[pyo3(signature = (root, namespace, **settings))]
     fn fs(
         root: std::path::PathBuf,
         namespace: &str,
-        concurrency: usize,
-        group_timeout: Option<f64>,
-        shutdown_grace: f64,
-        threads: usize,
+        settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
-            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
             let tier = FsTier::open(&root, namespace).map_err(tier_error)?;
-            Self::native(format!("fs({root:?}, {namespace:?})"), tier, config)
+            Self::native(
+                format!("fs({root:?}, {namespace:?})"),
+                tier,
+                native_config(settings)?,
+            )
         })
     }
 
@@ -294,26 +282,21 @@ impl PyLookup {
     /// `AWS_*` environment; the instance-metadata service is never asked.
     /// Native, like `vllm_fs`.
     #[staticmethod]
-    #[pyo3(signature = (url, *, access_key_id = None, secret_access_key = None, region = None, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (url, *, access_key_id = None, secret_access_key = None, region = None, **settings))]
     fn s3(
         url: &str,
         access_key_id: Option<String>,
         secret_access_key: Option<String>,
         region: Option<String>,
-        concurrency: usize,
-        group_timeout: Option<f64>,
-        shutdown_grace: f64,
-        threads: usize,
+        settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
-            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
             let (mut options, namespace) = S3Options::from_url(url).map_err(tier_error)?;
             match (access_key_id, secret_access_key) {
                 (Some(id), Some(secret)) => options = options.credentials(id, secret),
                 (None, None) => {}
                 _ => {
-                    return Err(crate::errors::config(
+                    return Err(config(
                         "give both access_key_id and secret_access_key, or neither",
                     ));
                 }
@@ -321,9 +304,10 @@ impl PyLookup {
             if let Some(region) = region {
                 options = options.region(region);
             }
+            let settings = native_config(settings)?;
             let tier = ObjectTier::s3(&options, &namespace).map_err(tier_error)?;
             let describe = format!("s3({:?}, {namespace:?})", options.get_bucket());
-            Self::native(describe, tier, config)
+            Self::native(describe, tier, settings)
         })
     }
 
@@ -331,19 +315,16 @@ impl PyLookup {
     /// crate's file backend): the object layout without a server. Native,
     /// like `vllm_fs`.
     #[staticmethod]
-    #[pyo3(signature = (root, namespace, *, concurrency = 4, group_timeout = Some(2.0), shutdown_grace = 1.0, threads = 2))]
+    #[pyo3(signature = (root, namespace, **settings))]
     fn object_dir(
         root: std::path::PathBuf,
         namespace: &str,
-        concurrency: usize,
-        group_timeout: Option<f64>,
-        shutdown_grace: f64,
-        threads: usize,
+        settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
-            let config = tokio_config(concurrency, group_timeout, shutdown_grace, threads)?;
             let tier = ObjectTier::local(&root, namespace).map_err(tier_error)?;
-            Self::native(format!("object_dir({root:?}, {namespace:?})"), tier, config)
+            let describe = format!("object_dir({root:?}, {namespace:?})");
+            Self::native(describe, tier, native_config(settings)?)
         })
     }
 

@@ -62,27 +62,9 @@ fn ids(requests: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
 
 fn save_stats<'py>(py: Python<'py>, stats: &SaveStats) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    macro_rules! put {
-        ($($field:ident),* $(,)?) => { $( dict.set_item(stringify!($field), stats.$field)?; )* };
+    for (name, value) in stats.counters() {
+        dict.set_item(name, value)?;
     }
-    put!(
-        steps,
-        recorded,
-        tasks_submitted,
-        submit_failures,
-        tasks_reaped,
-        tasks_waited,
-        task_failures,
-        task_timeouts,
-        tasks_abandoned,
-        task_panics,
-        reported,
-        deferred,
-        not_delayed,
-        repeated_finishes,
-        unrecorded_saves,
-        preemption_fences,
-    );
     Ok(dict)
 }
 

@@ -293,6 +293,10 @@ def test_bad_input_raises_typed_errors(tmp_path):
         Lookup.vllm_fs(tmp_path, group_timeout=float("nan"))
     with pytest.raises(ConfigError):
         Lookup.vllm_fs("")
+    with pytest.raises(TypeError, match="concurency"):
+        Lookup.vllm_fs(tmp_path, concurency=2)  # a misspelt setting is not ignored
+    with pytest.raises(TypeError):
+        Lookup.fs(tmp_path, "ns", threads="two")
     with pytest.raises(TierError):
         Lookup.fs(tmp_path / "missing", "ns")
     with pytest.raises(ConfigError):

@@ -69,3 +69,45 @@ pub struct LookupStats {
     /// the tokio prober dropped for that reason.
     pub abandoned: u64,
 }
+
+impl LookupStats {
+    /// How many counters there are.
+    pub const COUNT: usize = 22;
+
+    /// Every counter with its field's name, in declaration order: for an
+    /// exporter (a metrics registry, a Python dict) that should not list
+    /// the fields again.
+    ///
+    /// ```
+    /// use kvtier::lookup::LookupStats;
+    ///
+    /// let stats = LookupStats::default();
+    /// assert_eq!(stats.counters()[0], ("lookups", 0));
+    /// ```
+    pub fn counters(&self) -> [(&'static str, u64); Self::COUNT] {
+        [
+            ("lookups", self.lookups),
+            ("hits", self.hits),
+            ("misses", self.misses),
+            ("pending", self.pending),
+            ("keys_submitted", self.keys_submitted),
+            ("groups_submitted", self.groups_submitted),
+            ("groups_applied", self.groups_applied),
+            ("stale_results", self.stale_results),
+            ("orphans_dropped", self.orphans_dropped),
+            ("anomalies", self.anomalies),
+            ("foreign", self.foreign),
+            ("marked_miss", self.marked_miss),
+            ("backend_errors", self.backend_errors),
+            ("backend_panics", self.backend_panics),
+            ("short_results", self.short_results),
+            ("surplus_results", self.surplus_results),
+            ("timeouts", self.timeouts),
+            ("cancelled", self.cancelled),
+            ("deadline_misses", self.deadline_misses),
+            ("late_answers", self.late_answers),
+            ("shed", self.shed),
+            ("abandoned", self.abandoned),
+        ]
+    }
+}

@@ -45,6 +45,42 @@ pub struct SaveStats {
     pub preemption_fences: u64,
 }
 
+impl SaveStats {
+    /// How many counters there are.
+    pub const COUNT: usize = 16;
+
+    /// Every counter with its field's name, in declaration order: for an
+    /// exporter (a metrics registry, a Python dict) that should not list
+    /// the fields again.
+    ///
+    /// ```
+    /// use kvtier::save::SaveStats;
+    ///
+    /// let stats = SaveStats::default();
+    /// assert_eq!(stats.counters()[0], ("steps", 0));
+    /// ```
+    pub fn counters(&self) -> [(&'static str, u64); Self::COUNT] {
+        [
+            ("steps", self.steps),
+            ("recorded", self.recorded),
+            ("tasks_submitted", self.tasks_submitted),
+            ("submit_failures", self.submit_failures),
+            ("tasks_reaped", self.tasks_reaped),
+            ("tasks_waited", self.tasks_waited),
+            ("task_failures", self.task_failures),
+            ("task_timeouts", self.task_timeouts),
+            ("tasks_abandoned", self.tasks_abandoned),
+            ("task_panics", self.task_panics),
+            ("reported", self.reported),
+            ("deferred", self.deferred),
+            ("not_delayed", self.not_delayed),
+            ("repeated_finishes", self.repeated_finishes),
+            ("unrecorded_saves", self.unrecorded_saves),
+            ("preemption_fences", self.preemption_fences),
+        ]
+    }
+}
+
 /// How long saves took, as a histogram with power-of-two buckets: bucket `i`
 /// counts saves of less than 2^i microseconds (and at least 2^(i-1) for
 /// `i > 0`); the last bucket also takes everything longer. Fixed-size and

@@ -733,37 +733,39 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
-        // The blocking task needs owned names: all of them in one string.
-        let mut names = String::new();
-        let mut ends = Vec::with_capacity(keys.len());
-        for key in keys {
-            let start = names.len();
-            push_block_path(key, &mut names);
-            if !relative_name_fits(&names[start..]) {
-                names.truncate(start); // no such block can exist
-            }
-            ends.push(names.len());
-        }
-        stat_names_blocking(
-            self.inner.dir.clone(),
-            names,
-            ends,
-            self.inner.follow_symlinks,
-        )
+        let follow = self.inner.follow_symlinks;
+        stat_blocking(self.inner.dir.clone(), keys, follow, |key, name| {
+            push_block_path(key, name);
+            relative_name_fits(name)
+        })
         .await
     }
 }
 
-/// Stats the block files `dir/names[..ends[0]]`, `dir/names[ends[0]..ends[1]]`,
-/// ... on tokio's blocking pool; an empty name is a miss without a call.
-/// Shared by the async lookups of the fs tier and of vLLM's layout.
+/// Stats the block file of each of `keys` below `dir` on tokio's blocking
+/// pool. `name` writes a key's path below `dir` into an empty string and
+/// says whether such a file can exist at all; a key it says no to is a miss
+/// without a call. Shared by the async lookups of the fs tier and of vLLM's
+/// layout.
 #[cfg(tokio_driver)]
-pub(super) async fn stat_names_blocking(
+pub(super) async fn stat_blocking<K>(
     dir: PathBuf,
-    names: String,
-    ends: Vec<usize>,
+    keys: &[K],
     follow: bool,
+    mut name: impl FnMut(&K, &mut String) -> bool,
 ) -> Result<Vec<bool>, TierError> {
+    // The blocking task needs owned names: all of them in one string, an
+    // empty one for a key that names no file.
+    let mut names = String::new();
+    let mut ends = Vec::with_capacity(keys.len());
+    let mut scratch = String::new();
+    for key in keys {
+        scratch.clear();
+        if name(key, &mut scratch) {
+            names.push_str(&scratch);
+        }
+        ends.push(names.len());
+    }
     tokio::task::spawn_blocking(move || {
         let mut paths = PathWriter::new(&dir);
         let mut start = 0;

@@ -14,7 +14,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use super::TierError;
-use super::fs::{PathWriter, exists, stat_names_blocking};
+use super::fs::{PathWriter, exists, stat_blocking};
 use super::key::push_hex_bytes;
 use crate::lookup::Backend;
 
@@ -171,19 +171,11 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
-        // Owned names for the blocking task, all in one string; an empty
-        // name stands for a key that cannot have a file.
-        let mut names = String::new();
-        let mut ends = Vec::with_capacity(keys.len());
-        for key in keys {
-            let start = names.len();
+        stat_blocking(self.rank_dir.clone(), keys, true, |key, name| {
             // guard: F12-vllm-bad-key-fails-alone
-            if push_vllm_path(key.as_ref(), &mut names).is_err() || !name_fits(&names[start..]) {
-                names.truncate(start);
-            }
-            ends.push(names.len());
-        }
-        stat_names_blocking(self.rank_dir.clone(), names, ends, true).await
+            push_vllm_path(key.as_ref(), name).is_ok() && name_fits(name)
+        })
+        .await
     }
 }
 

@@ -392,26 +392,9 @@ impl<R: WireId> SaveStep<R> {
     }
 }
 
-/// The counters of a report, in their wire order.
+/// The counters of a report, in their wire order (`SaveStats`'s field order).
 fn counters(stats: &SaveStats) -> [u64; COUNTERS as usize] {
-    [
-        stats.steps,
-        stats.recorded,
-        stats.tasks_submitted,
-        stats.submit_failures,
-        stats.tasks_reaped,
-        stats.tasks_waited,
-        stats.task_failures,
-        stats.task_timeouts,
-        stats.tasks_abandoned,
-        stats.task_panics,
-        stats.reported,
-        stats.deferred,
-        stats.not_delayed,
-        stats.repeated_finishes,
-        stats.unrecorded_saves,
-        stats.preemption_fences,
-    ]
+    stats.counters().map(|(_, value)| value)
 }
 
 fn stats_from(values: [u64; COUNTERS as usize]) -> SaveStats {
