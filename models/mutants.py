@@ -743,7 +743,7 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "vllm_layout", "a_key_that_names_no_file"],
     ),
     Mutation(
-        "P1-shutdown-lets-go-of-the-gil",
+        "P2-shutdown-lets-go-of-the-gil",
         "Lookup.shutdown joins the prober holding the GIL, which a Python backend's last call needs",
         [("let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));",
           "let stopped = lookup.shutdown().map(|table| table.stats());")],
@@ -770,13 +770,13 @@ MUTATIONS = [
         pytest("tests/test_lookup.py::test_a_rust_panic_surfaces_as_a_kvtier_exception"),
     ),
     Mutation(
-        "P5-python-answers-bounded",
+        "P4-python-answers-bounded",
         "a Python backend's answers are consumed to the end: an endless iterator hangs the worker",
         [("for answer in answers.try_iter()?.take(limit) {", "for answer in answers.try_iter()? {")],
         pytest("tests/test_lookup.py::test_an_endless_answer_iterator_is_cut_at_one_past_the_keys"),
     ),
     Mutation(
-        "P6-request-cache-checks-the-object",
+        "P5-request-cache-checks-the-object",
         "the request-id cache answers for any request object, so keys land on the previous request",
         [("&& object.as_ptr() == request.as_ptr()", "&& !object.as_ptr().is_null()")],
         pytest("tests/test_vllm_manager.py"),

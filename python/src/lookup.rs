@@ -89,7 +89,7 @@ impl Backend<Key, String> for PythonBackend {
                 let keys = PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))?;
                 let answers = slot.get().call.bind(py).call1((keys, request.as_str()))?;
                 let mut found = Vec::with_capacity(limit);
-                // guard: P5-python-answers-bounded
+                // guard: P4-python-answers-bounded
                 for answer in answers.try_iter()?.take(limit) {
                     found.push(answer?.is_truthy()?);
                 }
@@ -551,7 +551,7 @@ impl PyLookup {
             let Some(lookup) = self.inner.take() else {
                 return Ok(None);
             };
-            // guard: P1-shutdown-lets-go-of-the-gil
+            // guard: P2-shutdown-lets-go-of-the-gil
             let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));
             match stopped {
                 Ok(stats) => Ok(Some(stats_dict(py, &stats)?)),
@@ -606,7 +606,7 @@ impl PyLookup {
     /// the request object changed.
     fn remember_request(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Some((object, _)) = &self.last_request
-            // guard: P6-request-cache-checks-the-object
+            // guard: P5-request-cache-checks-the-object
             && object.as_ptr() == request.as_ptr()
         {
             return Ok(());
