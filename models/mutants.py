@@ -130,8 +130,8 @@ MUTATIONS = [
     Mutation(
         "L1-known-key",
         "a known key is batched again when another request asks for it",
-        [("let entry = match self.states.get_mut(key) {",
-          "let entry = match self.states.get_mut(key).filter(|e| e.first == slot) {")],
+        [("let entry = match self.keys.find(hash, key) {",
+          "let entry = match self.keys.find(hash, key).filter(|&c| self.keys.entry_mut(c).first == slot) {")],
         TEST + ["--test", "table", "a_key_looked_up_twice"],
     ),
     Mutation(
@@ -145,15 +145,15 @@ MUTATIONS = [
         "L3-inflight-retention",
         "cleanup removes in-flight states instead of keeping them as orphans",
         [("// kept as an orphan, so a later request shares the probe",
-          "occupied.remove();")],
+          "self.keys.remove_cell(cell);")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "cleanup_while_in_flight"],
         LOOM,
     ),
     Mutation(
         "L3-orphan-removal",
         "an orphan's answer resolves it instead of removing it",
-        [("if !state.has_requesters() {\n                slot.remove();\n                self.stats.orphans_dropped",
-          "if false {\n                slot.remove();\n                self.stats.orphans_dropped")],
+        [("if !state.has_requesters() {\n                self.keys.remove(hash, cell);",
+          "if false {\n                self.keys.remove(hash, cell);")],
         TEST + ["--test", "table", "an_orphaned_result"],
     ),
     Mutation(
@@ -255,7 +255,7 @@ MUTATIONS = [
     Mutation(
         "L9-cursor-checks-the-key",
         "the in-order shortcut takes any key at the cursor as already linked",
-        [("if self.keys.get(self.cursor) == Some(key) {",
+        [("if self.keys.get(self.cursor) == Some(&cell) {",
           "if self.cursor < self.keys.len() {")],
         MODELS + ["proptest_lookup"],
     ),
@@ -292,7 +292,7 @@ MUTATIONS = [
     Mutation(
         "L13-overdue-below-the-watermark",
         "an unanswered key past its budget stays pending (no deadline)",
-        [("UNRESOLVED if self.packed >> 2 < overdue_below => Phase::Overdue,", "")],
+        [("Outcome::Unresolved if self.generation < overdue_below => Phase::Overdue,", "")],
         TEST + ["--test", "table", "an_overdue_key_is_a_miss"],
     ),
     Mutation(
@@ -317,7 +317,7 @@ MUTATIONS = [
     Mutation(
         "L13-overdue-orphans-are-removed",
         "cleanup keeps an overdue key without requesters (state left behind by a deadline miss)",
-        [("                    occupied.remove();\n                }\n                Phase::Pending",
+        [("                    self.keys.remove_cell(cell);\n                }\n                Phase::Pending",
           "                }\n                Phase::Pending")],
         TEST + ["--test", "table", "a_late_answer_of_an_older_generation_stays_stale"],
     ),
@@ -574,6 +574,13 @@ MUTATIONS = [
         "the table's maps keep their peak capacity after every request was cleaned up",
         [("    if map.capacity() > SPARE_SLOTS && map.len() * 8 < map.capacity() {",
           "    if false {")],
+        TEST + ["-p", "kvtier", "--release", "--test", "table_memory"],
+    ),
+    Mutation(
+        "L11-the-slab-compacts-after-cleanup",
+        "the key slab keeps its peak size (and its vacant cells) after every request was cleaned up",
+        [("        if self.cells.len() > SPARE_SLOTS && self.len() * 8 < self.cells.len() {",
+          "        if false {")],
         TEST + ["-p", "kvtier", "--release", "--test", "table_memory"],
     ),
     Mutation(

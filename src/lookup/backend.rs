@@ -170,7 +170,7 @@ mod tests {
     /// Probes keys 1 and 2 for request 9 with `backend`; returns the outcome
     /// and what was logged.
     fn probe_logged(mut backend: impl Backend<u64, u64>) -> (GroupOutcome, String) {
-        let mut group = Group::new(crate::lookup::types::TableId::new(), 9u64);
+        let mut group = Group::new(crate::lookup::types::TableId::new(), 9u64, 0);
         group.keys = vec![1, 2];
         group.generations = vec![Generation(0), Generation(1)];
         crate::fault::logged(|| probe_group(&mut backend, group).outcome())

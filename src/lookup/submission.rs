@@ -42,6 +42,9 @@ impl<K, R> Submission<K, R> {
 pub struct Group<K, R> {
     pub(crate) table: TableId,
     pub(crate) seq: u64,
+    /// The table's name for the group while it is out (see
+    /// `LookupTable::interest_of`); carried back by the result.
+    pub(crate) number: u32,
     pub(crate) request: R,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
@@ -51,10 +54,11 @@ pub struct Group<K, R> {
 }
 
 impl<K, R> Group<K, R> {
-    pub(crate) fn new(table: TableId, request: R) -> Self {
+    pub(crate) fn new(table: TableId, request: R, number: u32) -> Self {
         Self {
             table,
             seq: 0,
+            number,
             request,
             keys: Vec::new(),
             generations: Vec::new(),
@@ -183,6 +187,7 @@ impl<K, R> Group<K, R> {
         GroupResult {
             table: self.table,
             seq: self.seq,
+            number: self.number,
             keys: self.keys,
             generations: self.generations,
             found,
@@ -265,6 +270,7 @@ impl GroupOutcome {
 pub struct GroupResult<K> {
     pub(crate) table: TableId,
     pub(crate) seq: u64,
+    pub(crate) number: u32,
     pub(crate) keys: Vec<K>,
     pub(crate) generations: Vec<Generation>,
     pub(crate) found: Vec<bool>,

@@ -12,7 +12,7 @@ use super::storage::Entry;
 use crate::lookup::limits::LookupLimits;
 use crate::lookup::scheduler::LookupError;
 use crate::lookup::submission::{Group, Interest};
-use crate::lookup::types::{Generation, Phase, Request};
+use crate::lookup::types::{Phase, Request};
 use crate::sync::Arc;
 
 /// An ended step whose keys are not overdue yet: its keys are the
@@ -32,10 +32,9 @@ pub(super) struct StepMark {
 /// overdue with the oldest's: early, never late).
 const MAX_MARKS: usize = 1 << 16;
 
-/// One of the keys of the group `generation` was submitted in lost its
-/// last requester.
-pub(super) fn lose_interest(interest_of: &HashMap<u64, Arc<Interest>>, generation: Generation) {
-    if let Some(interest) = interest_of.get(&generation.0) {
+/// One of the keys of group `group` lost its last requester.
+pub(super) fn lose_interest(interest_of: &HashMap<u32, Arc<Interest>>, group: u32) {
+    if let Some(interest) = interest_of.get(&group) {
         // guard: L15-cleanup-loses-interest
         interest.lose();
     }
@@ -183,13 +182,11 @@ where
     }
 
     /// Gives each group of a submission its interest, shared with the
-    /// table through the generations of its keys.
+    /// table under the group's number (which its keys' entries carry).
     pub(super) fn hand_out_interest(&mut self, groups: &mut [Group<K, R>]) {
         for group in groups {
             let interest = Arc::new(Interest::new(group.len()));
-            for generation in &group.generations {
-                self.interest_of.insert(generation.0, interest.clone());
-            }
+            self.interest_of.insert(group.number, interest.clone());
             group.interest = Some(interest);
         }
     }
@@ -212,27 +209,32 @@ where
     /// a probe given up or past its budget is not shared, and the key gets
     /// a fresh state instead (`None` when admission has no room for it).
     #[inline(never)]
-    pub(super) fn rejoin(&mut self, key: &K, request: &R, slot: u32) -> Option<Entry> {
-        let state = *self.states.get(key)?;
-        let generation = state.generation();
-        let overdue = state.phase(self.flushed_below, self.overdue_below) == Phase::Overdue;
+    pub(super) fn rejoin(
+        &mut self,
+        hash: u64,
+        cell: u32,
+        key: &K,
+        request: &R,
+        slot: u32,
+    ) -> Option<Entry> {
+        let entry = self.keys.entry_mut(cell);
+        let overdue = entry.phase(self.flushed_below, self.overdue_below) == Phase::Overdue;
         // guard: L15-joining-an-orphan-wants-it-again
         let wanted = !overdue
             && self
                 .interest_of
-                .get(&generation.0)
+                .get(&entry.group)
                 .is_none_or(|interest| interest.gain());
         if wanted {
-            let entry = self.states.get_mut(key)?;
             self.overflow.add(entry, slot);
+            let entry = *entry;
             let record = &mut self.slots[slot as usize];
-            record.keys.push(key.clone());
+            record.keys.push(cell);
             record.cursor = record.keys.len();
-            return Some(*entry);
+            return Some(entry);
         }
         // Its answer, if one comes, is stale from now on.
-        self.interest_of.remove(&generation.0);
-        self.states.remove(key);
-        self.insert_new(key, request, slot)
+        self.keys.remove(hash, cell);
+        self.insert_new(hash, key, request, slot)
     }
 }

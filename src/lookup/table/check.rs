@@ -1,5 +1,6 @@
-//! The table's structural self-check: the reverse index, the requester
-//! lists and their indexes, and the free-slot list agree.
+//! The table's structural self-check: the key slab and its index, the
+//! reverse index, the requester lists and their indexes, and the free-slot
+//! list agree.
 
 use std::hash::Hash;
 
@@ -60,11 +61,11 @@ where
             if self.slot_of.get(id) != Some(&(index as u32)) {
                 return Err(format!("request {id:?} is not indexed at its slot {index}"));
             }
-            for key in &slot.keys {
-                let Some(&state) = self.states.get(key) else {
+            for &cell in &slot.keys {
+                let Some(record) = self.keys.get(cell) else {
                     return Err(format!("request {id:?} holds a key with no state"));
                 };
-                if !self.overflow.holds(state, index as u32) {
+                if !self.overflow.holds(record.entry, index as u32) {
                     return Err(format!("request {id:?} holds a key that does not list it"));
                 }
             }
@@ -75,9 +76,11 @@ where
                 self.slot_of.len()
             ));
         }
+        self.keys.check()?;
         let mut links = 0;
         let mut pending = 0;
-        for &state in self.states.values() {
+        for (_, record) in self.keys.iter() {
+            let state = record.entry;
             if state.first == NONE && state.more != NONE {
                 return Err(format!(
                     "state {:?} has overflow requesters but no first",
@@ -151,11 +154,11 @@ where
                 self.limits
             ));
         }
-        if self.interest_of.len() > self.outstanding_keys {
+        if self.interest_of.len() > self.outstanding_groups {
             return Err(format!(
-                "{} in-flight generations share an interest but only {} keys are outstanding",
+                "{} groups have an interest but only {} groups are outstanding",
                 self.interest_of.len(),
-                self.outstanding_keys
+                self.outstanding_groups
             ));
         }
         // Per interest: (its counter, the keys with requesters found).
@@ -165,8 +168,13 @@ where
                 .entry(Arc::as_ptr(interest))
                 .or_insert((interest.wanted(), 0, Vec::new()));
         }
-        for (_, &state) in self.states.iter() {
-            let Some(interest) = self.interest_of.get(&state.generation().0) else {
+        for (_, record) in self.keys.iter() {
+            let state = record.entry;
+            let phase = state.phase(self.flushed_below, self.overdue_below);
+            if phase != Phase::InFlight && phase != Phase::Overdue {
+                continue;
+            }
+            let Some(interest) = self.interest_of.get(&state.group) else {
                 continue;
             };
             if state.has_requesters() {

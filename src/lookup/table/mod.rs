@@ -1,16 +1,18 @@
 //! The sans-IO lookup table: every rule of the protocol, no threads inside.
 //!
-//! This file holds the rules; `storage` the per-key entries, requester
-//! lists and request slots they are kept in; `check` the structural
-//! self-check the tests and models run.
+//! This file holds the rules; `keys` the slab of key records and its index;
+//! `storage` the per-key entries, requester lists and request slots; `check`
+//! the structural self-check the tests and models run.
 //!
-//! Layout (see docs/performance.md for what it costs): one hash map from key
-//! to a 16-byte [`Entry`] (generation and phase packed in one word, the
-//! requesters as small slot numbers), live requests interned into a slab of
-//! [`Slot`]s so a link is a `u32` and not a copy of the request id, and
-//! the requesters of shared keys beyond the first in reusable overflow lists.
-//! Maps use hashbrown's default hasher (foldhash): fast on the short keys a
-//! KV cache uses, and seeded per table, unlike an unseeded FxHash.
+//! Layout (see docs/performance.md for what it costs): each key is stored
+//! once, with its 24-byte [`Entry`], in a slab cell found through a hash
+//! index of `u32` cell numbers; live requests are interned into a slab of
+//! [`Slot`]s, so a link is a `u32` both ways (a key's requesters are slot
+//! numbers, a request's keys are cell numbers), never a copy of a key or a
+//! request id; the requesters of shared keys beyond the first sit in
+//! reusable overflow lists. Hashing is hashbrown's default (foldhash): fast
+//! on the short keys a KV cache uses, and seeded per table, unlike an
+//! unseeded FxHash.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
@@ -18,7 +20,6 @@ use std::mem;
 use std::time::Instant;
 
 use hashbrown::HashMap;
-use hashbrown::hash_map::Entry as MapEntry;
 
 use super::limits::LookupLimits;
 use super::stats::LookupStats;
@@ -29,11 +30,13 @@ use crate::sync::Arc;
 
 mod bounds;
 mod check;
+mod keys;
 mod storage;
 #[cfg(test)]
 mod tests;
 
 use bounds::StepMark;
+use keys::KeyStore;
 use storage::{
     Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_SLOTS, Slot, link_requester, shrink_map,
 };
@@ -78,10 +81,11 @@ use storage::{
 pub struct LookupTable<K, R: Request> {
     /// Carried by every ticket, group and result this table hands out.
     id: TableId,
-    states: HashMap<K, Entry>,
+    /// Every tracked key and its state.
+    keys: KeyStore<K>,
     /// Live request ids and their slots.
     slot_of: HashMap<R::Id, u32>,
-    slots: Vec<Slot<K, R::Id>>,
+    slots: Vec<Slot<R::Id>>,
     free_slots: Vec<u32>,
     /// Half the live requests at the last compaction (or since): the next
     /// one waits until fewer are live (see [`LookupTable::shrink_if_sparse`]).
@@ -124,9 +128,13 @@ pub struct LookupTable<K, R: Request> {
     /// Unresolved states created before this generation are overdue: their
     /// step's pending budget ran out.
     overdue_below: u64,
-    /// The interest of the group each in-flight generation was submitted
-    /// in, while unwanted groups are skipped.
-    interest_of: HashMap<u64, Arc<Interest>>,
+    /// The interest of each group out, by group number (an [`Entry`]'s
+    /// `group`), while unwanted groups are skipped: one entry a group, made
+    /// at the flush and dropped when the group's result is applied.
+    interest_of: HashMap<u32, Arc<Interest>>,
+    /// The number the next batch group gets (numbers of groups out are
+    /// skipped when it wraps).
+    next_group: u32,
     stats: LookupStats,
     /// `(seq, outcome)` of every applied group, in application order, while
     /// recording is on (see [`LookupTable::record_applied`]).
@@ -138,7 +146,7 @@ impl<K, R: Request> std::fmt::Debug for LookupTable<K, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LookupTable")
             .field("id", &self.id)
-            .field("keys", &self.states.len())
+            .field("keys", &self.keys.len())
             .field("requests", &self.slot_of.len())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
@@ -149,7 +157,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
     fn default() -> Self {
         Self {
             id: TableId::new(),
-            states: HashMap::new(),
+            keys: KeyStore::default(),
             slot_of: HashMap::new(),
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -171,6 +179,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             marks: VecDeque::new(),
             overdue_below: 0,
             interest_of: HashMap::new(),
+            next_group: 0,
             stats: LookupStats::default(),
             applied_log: None,
         }
@@ -203,25 +212,30 @@ where
     #[inline(always)]
     fn lookup_in(&mut self, slot: u32, key: &K, request: &R) -> Verdict<K> {
         self.stats.lookups += 1;
+        let hash = self.keys.hash(key);
         // guard: L1-known-key
-        let entry = match self.states.get_mut(key) {
-            Some(entry) if entry.has_requesters() => {
-                // A request asks once however often it looks the key up.
-                link_requester(
-                    entry,
-                    slot,
-                    &mut self.slots[slot as usize],
-                    &mut self.overflow,
-                    key,
-                );
-                *entry
+        let entry = match self.keys.find(hash, key) {
+            Some(cell) => {
+                let entry = self.keys.entry_mut(cell);
+                if entry.has_requesters() {
+                    // A request asks once however often it looks the key up.
+                    link_requester(
+                        entry,
+                        slot,
+                        &mut self.slots[slot as usize],
+                        &mut self.overflow,
+                        cell,
+                    );
+                    *entry
+                } else {
+                    // An orphaned probe: joining it wants its group again.
+                    match self.rejoin(hash, cell, key, request, slot) {
+                        Some(entry) => entry,
+                        None => return self.shed(),
+                    }
+                }
             }
-            // An orphaned probe: joining it wants its group again.
-            Some(_) => match self.rejoin(key, request, slot) {
-                Some(entry) => entry,
-                None => return self.shed(),
-            },
-            None => match self.insert_new(key, request, slot) {
+            None => match self.insert_new(hash, key, request, slot) {
                 Some(entry) => entry,
                 None => return self.shed(),
             },
@@ -294,7 +308,7 @@ where
     /// (nothing is created). Kept out of line so the known-key path of
     /// [`lookup`](Self::lookup) stays small enough to inline.
     #[inline(never)]
-    fn insert_new(&mut self, key: &K, request: &R, slot: u32) -> Option<Entry> {
+    fn insert_new(&mut self, hash: u64, key: &K, request: &R, slot: u32) -> Option<Entry> {
         // guard: L14-admission-bounds-the-keys
         if self.batched_keys + self.outstanding_keys >= self.limits.max_outstanding_keys {
             return None;
@@ -313,7 +327,9 @@ where
                     {
                         return None;
                     }
-                    self.batch.push(Group::new(self.id, request.clone()));
+                    let number = self.take_group_number();
+                    self.batch
+                        .push(Group::new(self.id, request.clone(), number));
                     self.batch_groups.insert(id.clone(), self.batch.len() - 1);
                     self.batch.len() - 1
                 }
@@ -325,16 +341,27 @@ where
         };
         let generation = Generation(self.next_generation);
         self.next_generation += 1;
-        let entry = Entry::new(generation, slot);
-        self.states.insert(key.clone(), entry);
-        let record = &mut self.slots[slot as usize];
-        record.keys.push(key.clone());
-        record.cursor = record.keys.len();
         let group = &mut self.batch[index];
+        let entry = Entry::new(generation, slot, group.number);
+        let cell = self.keys.insert(hash, key.clone(), entry);
+        let record = &mut self.slots[slot as usize];
+        record.keys.push(cell);
+        record.cursor = record.keys.len();
         group.keys.push(key.clone());
         group.generations.push(generation);
         self.batched_keys += 1;
         Some(entry)
+    }
+
+    /// A number for a new batch group that no group out has.
+    fn take_group_number(&mut self) -> u32 {
+        loop {
+            let number = self.next_group;
+            self.next_group = number.wrapping_add(1);
+            if !self.interest_of.contains_key(&number) {
+                return number;
+            }
+        }
     }
 
     /// The verdict for a new key the admission bounds refused.
@@ -481,6 +508,9 @@ where
         }
         self.stats.groups_applied += 1;
         self.settle_outstanding(result.keys.len());
+        if !self.interest_of.is_empty() {
+            self.interest_of.remove(&result.number);
+        }
         match result.outcome {
             GroupOutcome::Answered => {}
             GroupOutcome::Short { .. } => self.stats.short_results += 1,
@@ -500,14 +530,12 @@ where
             .zip(result.generations)
             .zip(result.found);
         for ((key, generation), found) in entries {
-            if !self.interest_of.is_empty() {
-                self.interest_of.remove(&generation.0);
-            }
-            let MapEntry::Occupied(mut slot) = self.states.entry(key) else {
+            let hash = self.keys.hash(&key);
+            let Some(cell) = self.keys.find(hash, &key) else {
                 self.stats.stale_results += 1;
                 continue;
             };
-            let state = slot.get_mut();
+            let state = self.keys.entry_mut(cell);
             // guard: L2-apply-generation
             if state.generation() != generation {
                 // L3: a late answer for an older incarnation of the key.
@@ -530,7 +558,7 @@ where
             }
             // guard: L3-orphan-removal
             if !state.has_requesters() {
-                slot.remove();
+                self.keys.remove(hash, cell);
                 self.stats.orphans_dropped += 1;
                 continue;
             }
@@ -557,7 +585,7 @@ where
             self.stats.foreign += 1;
             return false;
         }
-        match self.states.get_mut(&ticket.key) {
+        match self.keys.find_mut(&ticket.key) {
             Some(state)
                 // guard: L4-ticket-generation
                 if state.generation() == ticket.generation
@@ -583,7 +611,7 @@ where
         let mut changed = 0;
         for key in keys {
             // guard: L4-keys-resolved-only
-            if let Some(state) = self.states.get_mut(key)
+            if let Some(state) = self.keys.find_mut(key)
                 && state.phase(self.flushed_below, self.overdue_below)
                     == (Phase::Resolved { found: true })
             {
@@ -610,35 +638,33 @@ where
         record.cursor = 0;
         record.batch_epoch = NO_EPOCH;
         let mut keys = mem::take(&mut record.keys);
-        for key in keys.drain(..) {
-            let MapEntry::Occupied(mut occupied) = self.states.entry(key) else {
-                continue;
-            };
-            let state = occupied.get_mut();
-            self.overflow.remove(state, slot);
+        for cell in keys.drain(..) {
+            let entry = self.keys.entry_mut(cell);
+            self.overflow.remove(entry, slot);
+            let state = *entry;
             if state.has_requesters() {
                 continue;
             }
             match state.phase(self.flushed_below, self.overdue_below) {
                 // guard: L3-inflight-retention
                 Phase::InFlight => {
-                    bounds::lose_interest(&self.interest_of, state.generation());
+                    bounds::lose_interest(&self.interest_of, state.group);
                     // kept as an orphan, so a later request shares the probe
                 }
                 Phase::Overdue => {
                     // L13: a probe past its budget is not worth sharing; its
                     // state goes now, and its answer will be stale.
-                    bounds::lose_interest(&self.interest_of, state.generation());
+                    bounds::lose_interest(&self.interest_of, state.group);
                     // guard: L13-overdue-orphans-are-removed
-                    occupied.remove();
+                    self.keys.remove_cell(cell);
                 }
                 Phase::Pending => {
-                    self.dropped_pending.insert(state.generation().0);
+                    self.dropped_pending.insert(state.generation);
                     self.batched_keys -= 1;
-                    occupied.remove();
+                    self.keys.remove_cell(cell);
                 }
                 Phase::Resolved { .. } => {
-                    occupied.remove();
+                    self.keys.remove_cell(cell);
                 }
             }
         }
@@ -663,7 +689,13 @@ where
     /// the live count has halved since the last compaction, or dropped to
     /// zero: a few compactions per wave of requests, however large.
     fn shrink_if_sparse(&mut self) {
-        shrink_map(&mut self.states);
+        if let Some(moved_to) = self.keys.shrink_if_sparse() {
+            for slot in &mut self.slots {
+                for cell in &mut slot.keys {
+                    *cell = moved_to[*cell as usize];
+                }
+            }
+        }
         shrink_map(&mut self.slot_of);
         shrink_map(&mut self.interest_of);
         let live = self.slot_of.len();
@@ -717,7 +749,9 @@ where
     /// debugging; not part of the stable API.
     #[doc(hidden)]
     pub fn key_state(&self, key: &K) -> Option<KeyState> {
-        self.states.get(key).map(|&state| KeyState {
+        let cell = self.keys.find(self.keys.hash(key), key)?;
+        let state = self.keys.get(cell)?.entry;
+        Some(KeyState {
             generation: state.generation(),
             phase: state.phase(self.flushed_below, self.overdue_below),
             requesters: self.overflow.count(state),
@@ -726,7 +760,7 @@ where
 
     /// Number of keys tracked (including orphaned in-flight probes).
     pub fn len(&self) -> usize {
-        self.states.len()
+        self.keys.len()
     }
 
     /// Number of live requests (looked up at least one key, not cleaned up).
@@ -737,7 +771,7 @@ where
     /// True when the table tracks no key and no request: the state after every
     /// request was cleaned up and every submitted group's result applied.
     pub fn is_empty(&self) -> bool {
-        self.states.is_empty() && self.slot_of.is_empty()
+        self.keys.is_empty() && self.slot_of.is_empty()
     }
 
     /// Checks the table's structural invariants (reverse index and

@@ -1,6 +1,7 @@
-//! Where the table keeps its state: one packed [`Entry`] per key, the
-//! requesters of shared keys beyond the first in reusable [`Overflow`] lists,
-//! and live requests interned into [`Slot`]s.
+//! What the table keeps per key and per request: the [`Entry`] of each key
+//! (kept in the key store, `keys`), the requesters of shared keys beyond the
+//! first in reusable [`Overflow`] lists, and live requests interned into
+//! [`Slot`]s.
 
 use std::hash::Hash;
 
@@ -8,13 +9,8 @@ use hashbrown::HashMap;
 
 use crate::lookup::types::{Generation, Phase};
 
-/// "No slot" in [`Entry::first`] and [`Entry::more`].
+/// "No slot" in [`Entry::first`] and [`Entry::more`], and "no cell".
 pub(super) const NONE: u32 = u32::MAX;
-
-/// Outcome codes in the low bits of [`Entry::packed`].
-pub(super) const UNRESOLVED: u64 = 0;
-pub(super) const MISS: u64 = 2;
-pub(super) const HIT: u64 = 3;
 
 /// A slot's `batch_epoch` when it caches no group index.
 pub(super) const NO_EPOCH: u64 = u64::MAX;
@@ -36,32 +32,47 @@ pub(super) fn shrink_map<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
     }
 }
 
+/// What the tier said about a key's generation, if it answered yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Outcome {
+    Unresolved,
+    Miss,
+    Hit,
+}
+
 /// One key's lookup state.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Entry {
-    /// `generation << 2 | outcome code` (see [`Entry::phase`]). Generations
-    /// come from a counter bumped once per new state, so 62 bits do not run
-    /// out (10^9 new keys a second would take 146 years).
-    pub(super) packed: u64,
+    /// From a counter bumped once per new state: 10^9 new keys a second
+    /// would take five centuries to run it out.
+    pub(super) generation: u64,
     /// Slot of one live request that asked for the key, `NONE` when no live
     /// request holds it (an orphaned in-flight probe).
     pub(super) first: u32,
     /// Index in the overflow lists of the other requesters' slots, `NONE`
     /// when there are none. Never set while `first` is `NONE`.
     pub(super) more: u32,
+    /// The number of the batch group the state was created in, which
+    /// names the group's interest while it is out (see
+    /// `LookupTable::interest_of`).
+    pub(super) group: u32,
+    pub(super) outcome: Outcome,
 }
 
 impl Entry {
-    pub(super) fn new(generation: Generation, requester: u32) -> Self {
+    pub(super) fn new(generation: Generation, requester: u32, group: u32) -> Self {
         Self {
-            packed: generation.0 << 2,
+            generation: generation.0,
             first: requester,
             more: NONE,
+            group,
+            outcome: Outcome::Unresolved,
         }
     }
 
     pub(super) fn generation(self) -> Generation {
-        Generation(self.packed >> 2)
+        Generation(self.generation)
     }
 
     /// The phase, given the table's watermarks: an unresolved state
@@ -71,18 +82,18 @@ impl Entry {
     /// steps it ends, by moving a watermark, without touching the keys.
     #[inline(always)]
     pub(super) fn phase(self, flushed_below: u64, overdue_below: u64) -> Phase {
-        match self.packed & 3 {
-            UNRESOLVED if self.packed >> 2 >= flushed_below => Phase::Pending,
+        match self.outcome {
+            Outcome::Unresolved if self.generation >= flushed_below => Phase::Pending,
             // guard: L13-overdue-below-the-watermark
-            UNRESOLVED if self.packed >> 2 < overdue_below => Phase::Overdue,
-            UNRESOLVED => Phase::InFlight,
-            MISS => Phase::Resolved { found: false },
-            _ => Phase::Resolved { found: true },
+            Outcome::Unresolved if self.generation < overdue_below => Phase::Overdue,
+            Outcome::Unresolved => Phase::InFlight,
+            Outcome::Miss => Phase::Resolved { found: false },
+            Outcome::Hit => Phase::Resolved { found: true },
         }
     }
 
     pub(super) fn resolve(&mut self, found: bool) {
-        self.packed = (self.packed & !3) | if found { HIT } else { MISS };
+        self.outcome = if found { Outcome::Hit } else { Outcome::Miss };
     }
 
     pub(super) fn has_requesters(self) -> bool {
@@ -221,11 +232,11 @@ impl Overflow {
 }
 
 /// A live request (or a free slot, `id == None`).
-pub(super) struct Slot<K, I> {
+pub(super) struct Slot<I> {
     pub(super) id: Option<I>,
-    /// Reverse index: the keys whose requesters include this slot, each once,
-    /// in the order the request first asked for them.
-    pub(super) keys: Vec<K>,
+    /// Reverse index: the cells of the keys whose requesters include this
+    /// slot, each once, in the order the request first asked for them.
+    pub(super) keys: Vec<u32>,
     /// Where in `keys` the request's next lookup is expected: a scheduler
     /// asks about a request's blocks in the same order every step, so a
     /// key found here (or at the start) is known to be linked without
@@ -238,16 +249,16 @@ pub(super) struct Slot<K, I> {
     pub(super) batch_epoch: u64,
 }
 
-impl<K: Eq, I> Slot<K, I> {
-    /// Whether `key` is the expected next key (at the cursor, or first in a
-    /// new pass); advances the cursor past it.
+impl<I> Slot<I> {
+    /// Whether the key in `cell` is the expected next key (at the cursor,
+    /// or first in a new pass); advances the cursor past it.
     #[inline]
-    pub(super) fn follows(&mut self, key: &K) -> bool {
+    pub(super) fn follows(&mut self, cell: u32) -> bool {
         // guard: L9-cursor-checks-the-key
-        if self.keys.get(self.cursor) == Some(key) {
+        if self.keys.get(self.cursor) == Some(&cell) {
             self.cursor += 1;
             true
-        } else if self.keys.first() == Some(key) {
+        } else if self.keys.first() == Some(&cell) {
             self.cursor = 1;
             true
         } else {
@@ -256,22 +267,22 @@ impl<K: Eq, I> Slot<K, I> {
     }
 }
 
-/// Makes the request in `slot` (whose record is `record`) one of `entry`'s
-/// requesters, once. Already linked if the request is the key's first
+/// Makes the request in `slot` (whose record is `record`) one of the
+/// requesters of the key in `cell`, whose state is `entry`, once. Already linked if the request is the key's first
 /// requester (in the entry, already loaded), or the key is the one its
 /// request is expected to ask next (the slot's keys are exactly its links),
 /// or, failing both, it is in the overflow list.
 #[inline(always)]
-pub(super) fn link_requester<K: Eq + Clone, I>(
+pub(super) fn link_requester<I>(
     entry: &mut Entry,
     slot: u32,
-    record: &mut Slot<K, I>,
+    record: &mut Slot<I>,
     overflow: &mut Overflow,
-    key: &K,
+    cell: u32,
 ) {
-    if entry.first != slot && !record.follows(key) && !overflow.holds(*entry, slot) {
+    if entry.first != slot && !record.follows(cell) && !overflow.holds(*entry, slot) {
         overflow.add(entry, slot);
-        record.keys.push(key.clone());
+        record.keys.push(cell);
         record.cursor = record.keys.len();
     }
 }

@@ -13,6 +13,7 @@ fn result_for(
     GroupResult {
         table: table.id,
         seq: 0,
+        number: 0,
         keys: vec![key],
         generations: vec![generation],
         found: vec![found],
@@ -112,6 +113,12 @@ fn check_invariants_reports_each_kind_of_corruption() {
         let error = table.check_invariants().unwrap_err();
         assert!(error.message().contains(needle), "{error}");
     }
+    fn entry(table: &mut LookupTable<u64, u64>, key: u64) -> &mut Entry {
+        table.keys.find_mut(&key).unwrap()
+    }
+    fn cell(table: &LookupTable<u64, u64>, key: u64) -> u32 {
+        table.keys.find(table.keys.hash(&key), &key).unwrap()
+    }
 
     let mut table = populated();
     let s1 = slot(&table, 1);
@@ -119,8 +126,21 @@ fn check_invariants_reports_each_kind_of_corruption() {
     expect(&table, "no state");
 
     let mut table = populated();
-    table.states.get_mut(&6).unwrap().first = NONE;
+    entry(&mut table, 6).first = NONE;
     expect(&table, "does not list it");
+
+    // The key store: a vacant cell off the free chain, an index entry
+    // pointing at another key's cell.
+    let mut table = populated();
+    table.lookup(&7, &3);
+    table.cleanup(&3);
+    assert!(table.keys.leak_free_cell());
+    expect(&table, "a key cell leaked");
+
+    let mut table = populated();
+    let (five, six) = (cell(&table, 5), cell(&table, 6));
+    table.keys.misindex(five, six);
+    expect(&table, "not indexed under its key");
 
     let mut table = populated();
     let s1 = slot(&table, 1);
@@ -131,14 +151,15 @@ fn check_invariants_reports_each_kind_of_corruption() {
 
     let mut table = populated();
     let s2 = slot(&table, 2);
-    table.states.get_mut(&6).unwrap().first = NONE;
-    table.slots[s2].keys.retain(|&key| key == 5);
+    entry(&mut table, 6).first = NONE;
+    let five = cell(&table, 5);
+    table.slots[s2].keys.retain(|&cell| cell == five);
     expect(&table, "no requesters");
 
     let mut table = populated();
     let s2 = slot(&table, 2) as u32;
-    let entry = table.states.get_mut(&5).unwrap();
-    table.overflow.add(entry, s2);
+    let five = table.keys.find_mut(&5).unwrap();
+    table.overflow.add(five, s2);
     expect(&table, "a duplicate");
 
     let mut table = populated();
@@ -160,7 +181,7 @@ fn check_invariants_reports_each_kind_of_corruption() {
 
     let mut table = populated();
     let s1 = slot(&table, 1);
-    table.states.get_mut(&5).unwrap().first = NONE;
+    entry(&mut table, 5).first = NONE;
     table.slots[s1].keys.clear();
     expect(&table, "overflow requesters but no first");
 }
@@ -257,7 +278,7 @@ fn a_key_shared_by_many_requests_links_and_unlinks_without_scans() {
     for request in 0..requests {
         table.lookup(&5, &request);
     }
-    let entry = table.states[&5];
+    let entry = *table.keys.find_mut(&5).unwrap();
     assert_eq!(
         table.overflow.positions[&entry.more].len(),
         requests as usize - 1
