@@ -1,0 +1,368 @@
+//! Instruction counts of the scheduler's and the save tracker's calls: a
+//! figure the machine's load cannot move.
+//!
+//! Each measured call runs inside a function named `measured_<op>`, kept
+//! out of line, after its setup; `benches/instructions.py` runs this binary
+//! once under callgrind with `--toggle-collect='*measured_*'`, so only those
+//! functions (and what they call) are counted, reads each one's inclusive
+//! count and divides it by the operations it performed, which this binary
+//! prints as `ops <name> <count>` lines. Run without valgrind it only
+//! checks that every bench runs.
+//!
+//! ```sh
+//! python3 benches/instructions.py        # builds, runs under callgrind, prints the table
+//! ```
+
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+mod workload;
+
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+mod bench {
+    use std::collections::HashMap as StdMap;
+    use std::hint::black_box;
+
+    use hashbrown::HashMap as FoldMap;
+    use kvtier::lookup::{GroupResult, LookupTable, Submission};
+    use kvtier::save::{Completer, CompletionTask};
+    use kvtier::{SaveScheduler, SaveTracker, Verdict};
+
+    use super::workload::{self, Trace, mix, present};
+
+    /// Keys per measured batch (as in the `op` group of `hot_path`).
+    const BATCH: u64 = 1024;
+    /// Requests the batch is spread over, 128 keys each.
+    const REQUESTS: u64 = BATCH / 128;
+
+    /// Makes a measured function's body unlike any other's, so the
+    /// compiler does not merge two of them into one symbol (a few
+    /// instructions, once per call).
+    #[inline(always)]
+    fn distinct(n: u32) {
+        black_box(n);
+    }
+
+    fn ops(name: &str, count: u64) {
+        println!("ops {name} {count}");
+    }
+
+    fn keys(from: u64) -> Vec<u64> {
+        (from..from + BATCH).map(mix).collect()
+    }
+
+    fn request_of(index: usize) -> u64 {
+        index as u64 / 128 % REQUESTS
+    }
+
+    type Table = LookupTable<u64, u64>;
+
+    fn looked_up(keys: &[u64]) -> Table {
+        let mut table = LookupTable::new();
+        for (index, key) in keys.iter().enumerate() {
+            table.lookup(key, &request_of(index));
+        }
+        table
+    }
+
+    fn answers(submission: Submission<u64, u64>) -> Vec<GroupResult<u64>> {
+        submission
+            .into_groups()
+            .into_iter()
+            .map(|group| {
+                let found: Vec<bool> = group.keys().iter().map(|&k| present(k)).collect();
+                group.answered(found)
+            })
+            .collect()
+    }
+
+    fn resolved(keys: &[u64]) -> Table {
+        let mut table = looked_up(keys);
+        let submission = table.take_submission().expect("new keys");
+        for result in answers(submission) {
+            table.apply(result);
+        }
+        table
+    }
+
+    #[inline(never)]
+    fn measured_lookup_known(table: &mut Table, keys: &[u64]) {
+        for (index, key) in keys.iter().enumerate() {
+            black_box(table.lookup(key, &request_of(index)));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_lookup_known_32_requesters(table: &mut Table, keys: &[u64]) {
+        for key in keys {
+            black_box(table.lookup(key, &31));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_lookup_new(table: &mut Table, keys: &[u64]) {
+        distinct(1);
+        for (index, key) in keys.iter().enumerate() {
+            black_box(table.lookup(key, &request_of(index)));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_lookup_all(table: &mut Table, keys: &[u64], verdicts: &mut Vec<Verdict<u64>>) {
+        for (request, keys) in keys.chunks(128).enumerate() {
+            black_box(table.lookup_all(keys, &(request as u64), verdicts));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_flush(table: &mut Table) -> Option<Submission<u64, u64>> {
+        table.take_submission()
+    }
+
+    #[inline(never)]
+    fn measured_apply(table: &mut Table, results: Vec<GroupResult<u64>>) {
+        for result in results {
+            table.apply(result);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_cleanup(table: &mut Table) {
+        for request in 0..REQUESTS {
+            table.cleanup(&request);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_baseline_foldhash_probe(map: &FoldMap<u64, bool>, keys: &[u64]) {
+        for key in keys {
+            black_box(map.get(key));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_baseline_std_probe(map: &StdMap<u64, bool>, keys: &[u64]) {
+        for key in keys {
+            black_box(map.get(key));
+        }
+    }
+
+    fn table_ops() {
+        let keys = keys(0);
+
+        let mut table = resolved(&keys);
+        measured_lookup_known(&mut table, &keys);
+        ops("lookup_known", BATCH);
+
+        let mut shared = Table::new();
+        for request in 0..32 {
+            for key in &keys {
+                shared.lookup(key, &request);
+            }
+        }
+        let submission = shared.take_submission().expect("new keys");
+        for result in answers(submission) {
+            shared.apply(result);
+        }
+        measured_lookup_known_32_requesters(&mut shared, &keys);
+        ops("lookup_known_32_requesters", BATCH);
+
+        // A table that held as many keys before, so it does not grow.
+        let mut table = resolved(&self::keys(BATCH));
+        for request in 0..REQUESTS {
+            table.cleanup(&request);
+        }
+        measured_lookup_new(&mut table, &keys);
+        ops("lookup_new", BATCH);
+
+        let mut table = resolved(&keys);
+        let mut verdicts = Vec::with_capacity(128);
+        measured_lookup_all(&mut table, &keys, &mut verdicts);
+        ops("lookup_all", BATCH);
+
+        let mut table = looked_up(&keys);
+        let submission = measured_flush(&mut table).expect("new keys");
+        ops("flush", BATCH);
+
+        measured_apply(&mut table, answers(submission));
+        ops("apply", BATCH);
+
+        measured_cleanup(&mut table);
+        ops("cleanup", BATCH);
+
+        let fold: FoldMap<u64, bool> = keys.iter().map(|&k| (k, present(k))).collect();
+        measured_baseline_foldhash_probe(&fold, &keys);
+        ops("baseline_foldhash_probe", BATCH);
+        let std: StdMap<u64, bool> = keys.iter().map(|&k| (k, present(k))).collect();
+        measured_baseline_std_probe(&std, &keys);
+        ops("baseline_std_probe", BATCH);
+    }
+
+    /// Steps of the trace measured, after as many unmeasured ones.
+    const STEPS: usize = 24;
+
+    #[inline(never)]
+    fn measured_step_lookup(table: &mut Table, lookups: &[(u64, u64)]) {
+        for (key, request) in lookups {
+            black_box(table.lookup(key, request));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_flush(table: &mut Table) -> Option<Submission<u64, u64>> {
+        distinct(2);
+        table.take_submission()
+    }
+
+    #[inline(never)]
+    fn measured_step_apply(table: &mut Table, results: Vec<GroupResult<u64>>) {
+        distinct(3);
+        for result in results {
+            table.apply(result);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_cleanup(table: &mut Table, finished: &[u64]) {
+        for request in finished {
+            table.cleanup(request);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_baseline_foldhash_probe(map: &FoldMap<u64, bool>, lookups: &[(u64, u64)]) {
+        for (key, _) in lookups {
+            black_box(map.get(key));
+        }
+    }
+
+    /// The step workload of `hot_path` on the table itself (no worker
+    /// thread: the answers are computed between the measured calls, and
+    /// applied before the next step's lookups, as the driver does).
+    fn step_workload() {
+        let mut table = Table::new();
+        let mut trace = Trace::new();
+        let mut lookups = 0;
+        for step in 0..2 * STEPS {
+            let measure = step >= STEPS;
+            let step = trace.next_step();
+            if measure {
+                measured_step_lookup(&mut table, &step.lookups);
+                lookups += step.lookups.len() as u64;
+                let map: FoldMap<u64, bool> =
+                    step.lookups.iter().map(|&(k, _)| (k, present(k))).collect();
+                measured_step_baseline_foldhash_probe(&map, &step.lookups);
+            } else {
+                for (key, request) in &step.lookups {
+                    black_box(table.lookup(key, request));
+                }
+            }
+            let submission = if measure {
+                measured_step_flush(&mut table)
+            } else {
+                table.take_submission()
+            };
+            let results = submission.map(answers).unwrap_or_default();
+            if measure {
+                measured_step_apply(&mut table, results);
+                measured_step_cleanup(&mut table, &step.finished);
+            } else {
+                for result in results {
+                    table.apply(result);
+                }
+                for request in &step.finished {
+                    table.cleanup(request);
+                }
+            }
+        }
+        for name in [
+            "step_lookup",
+            "step_flush",
+            "step_apply",
+            "step_cleanup",
+            "step_baseline_foldhash_probe",
+        ] {
+            ops(name, lookups);
+        }
+        assert_eq!(
+            lookups,
+            (STEPS * workload::LIVE * workload::KEYS_PER_REQUEST) as u64
+        );
+    }
+
+    /// Outstanding tasks in the tracker the save calls are measured on.
+    const OUTSTANDING: u64 = 10_000;
+
+    type Tracker = SaveTracker<u64, CompletionTask>;
+
+    fn tracker() -> (Tracker, Vec<Completer>) {
+        let mut scheduler = SaveScheduler::new();
+        let mut tracker = Tracker::new();
+        let step = scheduler.record_step((0..OUTSTANDING + BATCH).map(|r| (r, 1)));
+        tracker.begin_step(&step).expect("steps in sequence");
+        let completers = (0..OUTSTANDING)
+            .map(|request| {
+                let (task, completer) = CompletionTask::new(());
+                tracker.submit(task, &[request]);
+                completer
+            })
+            .collect();
+        (tracker, completers)
+    }
+
+    #[inline(never)]
+    fn measured_save_submit(tracker: &mut Tracker, tasks: Vec<CompletionTask>) {
+        for (i, task) in tasks.into_iter().enumerate() {
+            black_box(tracker.submit(task, &[OUTSTANDING + i as u64]));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_save_poll_none_done(tracker: &mut Tracker) -> usize {
+        tracker.poll()
+    }
+
+    #[inline(never)]
+    fn measured_save_poll_reaping(tracker: &mut Tracker) -> usize {
+        distinct(4);
+        tracker.poll()
+    }
+
+    #[inline(never)]
+    fn measured_save_baseline_check_loop(tasks: &[CompletionTask]) -> usize {
+        use kvtier::StoreTask;
+        tasks.iter().filter(|task| task.check()).count()
+    }
+
+    fn save_ops() {
+        let (mut tracker, mut completers) = tracker();
+        let (tasks, mut new_completers): (Vec<_>, Vec<_>) =
+            (0..BATCH).map(|_| CompletionTask::new(())).unzip();
+        measured_save_submit(&mut tracker, tasks);
+        ops("save_submit", BATCH);
+
+        assert_eq!(measured_save_poll_none_done(&mut tracker), 0);
+        ops("save_poll_none_done", OUTSTANDING + BATCH);
+
+        for completer in completers.drain(..BATCH as usize) {
+            completer.succeed();
+        }
+        assert_eq!(measured_save_poll_reaping(&mut tracker), BATCH as usize);
+        ops("save_poll_reaping", BATCH);
+
+        let (tasks, _completers): (Vec<_>, Vec<_>) =
+            (0..OUTSTANDING).map(|_| CompletionTask::new(())).unzip();
+        assert_eq!(measured_save_baseline_check_loop(&tasks), 0);
+        ops("save_baseline_check_loop", OUTSTANDING);
+        new_completers.clear();
+    }
+
+    pub fn main() {
+        table_ops();
+        step_workload();
+        save_ops();
+    }
+}
+
+fn main() {
+    #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+    bench::main();
+}
