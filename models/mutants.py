@@ -591,6 +591,13 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "save", "recording_a_large_step"],
     ),
     Mutation(
+        "S12-closed-tasks-are-squeezed-out",
+        "closed tasks leave holes in the running list for ever (memory grows with every task ever submitted)",
+        [("        if self.holes * 2 > self.entries.len() {",
+          "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "holes_are_squeezed_out"],
+    ),
+    Mutation(
         "L7-push-retries-its-cas",
         "a push stores its node over the head instead of a compare-and-swap (a racing push is lost)",
         [("            match self\n                .head\n                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)\n            {\n                Ok(_) => return,\n                Err(current) => head = current,\n            }",

@@ -1,13 +1,13 @@
 //! The sans-IO bookkeeping of one worker's saves: the one owner of every
 //! running task, of the requests each reads, and of the counters.
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::time::Instant;
 
 use hashbrown::{HashMap, HashSet};
 
+use super::running::{OneOrMany, Running};
 use super::stats::{SaveLatency, SaveStats};
 use super::task::{TaskError, TaskId};
 use super::tracker::StepError;
@@ -49,7 +49,7 @@ pub(crate) enum Check {
 #[derive(Debug)]
 struct Open<R, T> {
     task: T,
-    members: Vec<R>,
+    members: OneOrMany<R>,
     /// When it was opened (submitted).
     opened: Instant,
     /// Its check panicked once (counted and logged then, not again).
@@ -70,11 +70,12 @@ pub(crate) struct SaveLedger<R, T> {
     /// Finished recorded requests not reported yet, in the order they
     /// finished (so reports come out in a deterministic order).
     finishing: Vec<R>,
-    /// Running tasks, each with the requests whose blocks it reads.
-    tasks: BTreeMap<TaskId, Open<R, T>>,
+    /// Running tasks, each with the requests whose blocks it reads, in id
+    /// order.
+    tasks: Running<Open<R, T>>,
     /// The reverse of `tasks`: every id with at least one running task,
     /// recorded or not (the preemption fence covers both).
-    by_request: HashMap<R, Vec<TaskId>>,
+    by_request: HashMap<R, OneOrMany<TaskId>>,
     stats: SaveStats,
     /// How long closed tasks ran, from open to close.
     latency: SaveLatency,
@@ -94,7 +95,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             next_step: 0,
             recorded: HashMap::new(),
             finishing: Vec::new(),
-            tasks: BTreeMap::new(),
+            tasks: Running::default(),
             by_request: HashMap::new(),
             stats: SaveStats::default(),
             latency: SaveLatency::default(),
@@ -153,32 +154,27 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.stats.tasks_submitted += 1;
-        let mut members: Vec<R> = Vec::with_capacity(requests.len());
-        // Duplicates are dropped by a scan for the usual handful of
-        // requests, by a set for a large batch (no quadratic blow-up).
-        let mut seen = (requests.len() > DEDUPE_BY_SCAN).then(HashSet::new);
-        for request in requests {
-            let duplicate = match &mut seen {
-                Some(seen) => !seen.insert(request),
-                None => members.contains(request),
-            };
-            if duplicate {
-                continue;
+        let members = if let [request] = requests {
+            self.link(request, task);
+            OneOrMany::One(request.clone())
+        } else {
+            let mut members: Vec<R> = Vec::with_capacity(requests.len());
+            // Duplicates are dropped by a scan for the usual handful of
+            // requests, by a set for a large batch (no quadratic blow-up).
+            let mut seen = (requests.len() > DEDUPE_BY_SCAN).then(HashSet::new);
+            for request in requests {
+                let duplicate = match &mut seen {
+                    Some(seen) => !seen.insert(request),
+                    None => members.contains(request),
+                };
+                if !duplicate {
+                    self.link(request, task);
+                    members.push(request.clone());
+                }
             }
-            if !self.recorded.contains_key(request) {
-                self.stats.unrecorded_saves += 1;
-                tracing::warn!(
-                    ?request, %task,
-                    "save submitted for a request no step recorded: the scheduler will not delay its free"
-                );
-            }
-            self.by_request
-                .entry(request.clone())
-                .or_default()
-                .push(task);
-            members.push(request.clone());
-        }
-        self.tasks.insert(
+            OneOrMany::Many(members)
+        };
+        self.tasks.push(
             task,
             Open {
                 task: task_value,
@@ -188,6 +184,24 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             },
         );
         task
+    }
+
+    /// Lists `task` among the running tasks of `request`.
+    fn link(&mut self, request: &R, task: TaskId) {
+        if !self.recorded.contains_key(request) {
+            self.stats.unrecorded_saves += 1;
+            tracing::warn!(
+                ?request, %task,
+                "save submitted for a request no step recorded: the scheduler will not delay its free"
+            );
+        }
+        match self.by_request.get_mut(request) {
+            Some(tasks) => tasks.push(task),
+            None => {
+                self.by_request
+                    .insert(request.clone(), OneOrMany::One(task));
+            }
+        }
     }
 
     /// A submission the store refused: nothing runs, the requests stay
@@ -204,12 +218,12 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     pub(crate) fn check_running(
         &mut self,
         mut check: impl FnMut(&T) -> Check,
-        done: &mut Vec<TaskId>,
+        done: &mut Vec<(TaskId, usize)>,
     ) {
-        for (&id, open) in &mut self.tasks {
+        for (id, at, open) in self.tasks.iter_mut() {
             match check(&open.task) {
                 Check::Running => {}
-                Check::Complete => done.push(id),
+                Check::Complete => done.push((id, at)),
                 // guard: S9-poll-never-waits
                 Check::Panicked(message) => {
                     if !open.check_panicked {
@@ -225,10 +239,11 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     /// Closes a running task: hands its value to `wait` (which consumes it,
     /// releasing its handle, and says how and when it ended), then removes
     /// the task from every request it read. Returns false for a task that is
-    /// not running.
+    /// not running. `hint`: where `check_running` saw it, if it did.
     pub(crate) fn close_task(
         &mut self,
         task: TaskId,
+        hint: Option<usize>,
         how: Closed,
         wait: impl FnOnce(T) -> (Ended, Instant),
     ) -> bool {
@@ -237,14 +252,14 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             members,
             opened,
             ..
-        }) = self.tasks.remove(&task)
+        }) = self.tasks.remove(task, hint)
         else {
             return false;
         };
         let (ended, at) = wait(value);
         self.latency.record(at.saturating_duration_since(opened));
         // guard: S2-failed-wait-closes-task
-        self.unlink(task, &members);
+        self.unlink(task, members.as_slice());
         match how {
             Closed::Reaped => self.stats.tasks_reaped += 1,
             Closed::Waited => self.stats.tasks_waited += 1,
@@ -262,11 +277,10 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     /// Removes `task` from the reverse index of each of its `members`.
     fn unlink(&mut self, task: TaskId, members: &[R]) {
         for request in members {
-            if let Some(running) = self.by_request.get_mut(request) {
-                running.retain(|t| *t != task);
-                if running.is_empty() {
-                    self.by_request.remove(request);
-                }
+            if let Some(running) = self.by_request.get_mut(request)
+                && running.remove(&task)
+            {
+                self.by_request.remove(request);
             }
         }
     }
@@ -307,7 +321,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         let mut tasks: Vec<TaskId> = requests
             .into_iter()
             .filter_map(|request| self.by_request.get(request))
-            .flatten()
+            .flat_map(OneOrMany::as_slice)
             .copied()
             .collect();
         tasks.sort_unstable();
@@ -322,7 +336,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
 
     /// Every running task, ascending.
     pub(crate) fn running(&self) -> impl Iterator<Item = TaskId> + '_ {
-        self.tasks.keys().copied()
+        self.tasks.iter().map(|(id, _)| id)
     }
 
     /// Takes the finished requests none of whose tasks is running (S1), in
@@ -379,12 +393,12 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
 
     /// Checks the ledger's internal consistency; for tests and models.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        for (task, open) in &self.tasks {
-            for request in &open.members {
+        for (task, open) in self.tasks.iter() {
+            for request in open.members.as_slice() {
                 let listed = self
                     .by_request
                     .get(request)
-                    .is_some_and(|tasks| tasks.contains(task));
+                    .is_some_and(|tasks| tasks.contains(&task));
                 if !listed {
                     return Err(format!(
                         "{task} reads {request:?} but the reverse index misses it"
@@ -393,10 +407,10 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             }
         }
         for (request, tasks) in &self.by_request {
-            if tasks.is_empty() {
+            if tasks.as_slice().is_empty() {
                 return Err(format!("{request:?} has an empty task list"));
             }
-            for task in tasks {
+            for &task in tasks.as_slice() {
                 if !self
                     .tasks
                     .get(task)
@@ -440,10 +454,10 @@ mod tests {
     #[test]
     fn a_task_lists_each_request_once_and_closes_once() {
         let (mut ledger, task) = ledger_with_task();
-        assert_eq!(ledger.tasks[&task].members, vec![1, 2]);
+        assert_eq!(ledger.tasks.get(task).unwrap().members.as_slice(), [1, 2]);
         assert_eq!(ledger.tasks_of(&[2]), vec![task]);
-        assert!(ledger.close_task(task, Closed::Reaped, ok_now));
-        assert!(!ledger.close_task(task, Closed::Reaped, ok_now));
+        assert!(ledger.close_task(task, None, Closed::Reaped, ok_now));
+        assert!(!ledger.close_task(task, None, Closed::Reaped, ok_now));
         assert_eq!(ledger.latency().count(), 1, "timed once, when it closed");
         assert!(ledger.tasks_of(&[1, 2]).is_empty());
         assert_eq!(ledger.stats().tasks_reaped, 1);
@@ -474,12 +488,7 @@ mod tests {
     #[test]
     fn check_invariants_finds_a_reverse_entry_without_its_task() {
         let (mut ledger, task) = ledger_with_task();
-        ledger
-            .tasks
-            .get_mut(&task)
-            .unwrap()
-            .members
-            .retain(|r| *r != 1);
+        ledger.tasks.get_mut(task).unwrap().members.remove(&1);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("does not read it"), "{why}");
     }
@@ -487,7 +496,7 @@ mod tests {
     #[test]
     fn check_invariants_finds_an_empty_task_list() {
         let (mut ledger, _) = ledger_with_task();
-        ledger.by_request.insert(9, Vec::new());
+        ledger.by_request.insert(9, OneOrMany::Many(Vec::new()));
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("empty task list"), "{why}");
     }
@@ -519,7 +528,7 @@ mod tests {
         ];
         for ended in endings {
             let task = ledger.open_task(&[], ended, Instant::now());
-            assert!(ledger.close_task(task, Closed::Waited, |ended| (ended, Instant::now())));
+            assert!(ledger.close_task(task, None, Closed::Waited, |ended| (ended, Instant::now())));
         }
         let stats = ledger.stats();
         assert_eq!(

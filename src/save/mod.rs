@@ -11,6 +11,7 @@ mod completion;
 mod compose;
 mod ledger;
 mod report;
+mod running;
 mod scheduler;
 mod stats;
 mod task;

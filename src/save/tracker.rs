@@ -114,8 +114,9 @@ pub struct SaveTracker<R, T> {
     /// need (they replay schedules), and no sort.
     ledger: SaveLedger<R, T>,
     mode: CompletionMode,
-    /// `poll`'s list of tasks to close, kept for its allocation.
-    done: Vec<TaskId>,
+    /// `poll`'s list of tasks to close (and where they are), kept for its
+    /// allocation.
+    done: Vec<(TaskId, usize)>,
 }
 
 impl<R, T> Default for SaveTracker<R, T>
@@ -212,8 +213,8 @@ where
             &mut done,
         );
         let reaped = done.len();
-        for id in done.drain(..) {
-            self.close(id, Closed::Reaped);
+        for (id, at) in done.drain(..) {
+            self.close_at(id, Some(at), Closed::Reaped);
         }
         self.done = done;
         reaped
@@ -335,7 +336,13 @@ where
     /// Waits for (or, after a complete check, reaps) one task and closes it:
     /// the task value is consumed by `wait`, which releases its handle.
     fn close(&mut self, id: TaskId, how: Closed) {
-        let closed = self.ledger.close_task(id, how, |task| {
+        self.close_at(id, None, how);
+    }
+
+    /// [`close`](Self::close), with where the task is in the ledger if
+    /// known.
+    fn close_at(&mut self, id: TaskId, hint: Option<usize>, how: Closed) {
+        let closed = self.ledger.close_task(id, hint, how, |task| {
             let ended = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
                 Ok(outcome) => {
                     if let Err(error) = &outcome {
