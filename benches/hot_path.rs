@@ -19,7 +19,10 @@ mod benches {
     use hashbrown::HashMap as FoldMap;
     use kvtier::{lookup::GroupResult, lookup::LookupTable, lookup::ThreadLookup};
 
+    use super::workload::reference_port::ReferencePort;
     use super::workload::{self, Trace, present};
+    use hashbrown::DefaultHashBuilder as FoldState;
+    use std::collections::hash_map::RandomState as StdState;
 
     /// Keys per measured batch in the per-operation benches.
     const BATCH: u64 = 1024;
@@ -293,6 +296,52 @@ mod benches {
             }
             elapsed
         }
+        // The reference design ported directly (benches/workload/reference_port.rs),
+        // with std's hasher and with foldhash, on the same trace and backend.
+        fn reference<S>(port: &mut Reference<S>, trace: &mut Trace, steps: u64) -> StepTime
+        where
+            S: std::hash::BuildHasher + Default + Clone,
+        {
+            let mut time = StepTime {
+                lookup: Duration::ZERO,
+                scheduler: Duration::ZERO,
+            };
+            for _ in 0..steps {
+                let step = trace.next_step();
+                let start = Instant::now();
+                for (key, request) in &step.lookups {
+                    black_box(port.lookup(key, request));
+                }
+                let lookup = start.elapsed();
+                let start = Instant::now();
+                port.flush();
+                let mut scheduler = lookup + start.elapsed();
+                port.wait_published(); // untimed, as kvtier's wait
+                let start = Instant::now();
+                port.drain();
+                for request in &step.finished {
+                    port.cleanup(request);
+                }
+                scheduler += start.elapsed();
+                time.lookup += lookup;
+                time.scheduler += scheduler;
+            }
+            time
+        }
+        type Reference<S> = ReferencePort<u64, u64, S>;
+        let (mut port, mut trace) = (Reference::<StdState>::new(answer), Trace::new());
+        group.bench_function("baseline_reference_std", |b| {
+            b.iter_custom(|steps| reference(&mut port, &mut trace, steps).lookup)
+        });
+        let (mut port, mut trace) = (Reference::<FoldState>::new(answer), Trace::new());
+        group.bench_function("baseline_reference_foldhash", |b| {
+            b.iter_custom(|steps| reference(&mut port, &mut trace, steps).lookup)
+        });
+        let (mut port, mut trace) = (Reference::<FoldState>::new(answer), Trace::new());
+        group.bench_function("baseline_reference_foldhash_scheduler", |b| {
+            b.iter_custom(|steps| reference(&mut port, &mut trace, steps).scheduler)
+        });
+
         let mut trace = Trace::new();
         group.bench_function("baseline_std_hashmap", |b| {
             b.iter_custom(|steps| {

@@ -31,6 +31,7 @@ TABLES = [
     ("step workload on the table, per lookup (24 steps of 4,096 lookups)",
      "step_baseline_foldhash_probe",
      ["step_lookup", "step_flush", "step_apply", "step_cleanup", "step_scheduler",
+      "step_reference_foldhash_lookup", "step_reference_foldhash_scheduler",
       "step_baseline_foldhash_probe"]),
     ("save tracker with 10^4 outstanding tasks, per task", "save_baseline_check_loop",
      ["save_submit", "save_poll_none_done", "save_poll_reaping", "save_baseline_check_loop"]),
@@ -75,9 +76,15 @@ def measure(binary):
     if missing:
         sys.exit(f"callgrind saw no instructions for {missing}")
     per_op = {name: counts[name] / ops[name] for name in ops}
-    step = ["step_lookup", "step_flush", "step_apply", "step_cleanup"]
-    if all(name in per_op for name in step):
-        per_op["step_scheduler"] = sum(per_op[name] for name in step)
+    sums = {
+        "step_scheduler": ["step_lookup", "step_flush", "step_apply", "step_cleanup"],
+        "step_reference_foldhash_scheduler": [
+            "step_reference_foldhash_lookup", "step_reference_foldhash_flush",
+            "step_reference_foldhash_rest"],
+    }
+    for total, parts in sums.items():
+        if all(name in per_op for name in parts):
+            per_op[total] = sum(per_op[name] for name in parts)
     return per_op
 
 

@@ -26,6 +26,7 @@ mod bench {
     use kvtier::save::{Completer, CompletionTask};
     use kvtier::{SaveScheduler, SaveTracker, Verdict};
 
+    use super::workload::reference_port::ReferencePort;
     use super::workload::{self, Trace, mix, present};
 
     /// Keys per measured batch (as in the `op` group of `hot_path`).
@@ -227,6 +228,65 @@ mod bench {
         }
     }
 
+    type Reference = ReferencePort<u64, u64, hashbrown::DefaultHashBuilder>;
+
+    #[inline(never)]
+    fn measured_step_reference_foldhash_lookup(port: &mut Reference, lookups: &[(u64, u64)]) {
+        for (key, request) in lookups {
+            black_box(port.lookup(key, request));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_reference_foldhash_rest(port: &mut Reference, finished: &[u64]) {
+        port.drain();
+        for request in finished {
+            port.cleanup(request);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_reference_foldhash_flush(port: &mut Reference) {
+        port.flush();
+    }
+
+    /// The reference design ported directly, on the same trace.
+    fn reference_step_workload() {
+        fn answer(keys: &[u64], _: &u64) -> Vec<bool> {
+            keys.iter().map(|&k| present(k)).collect()
+        }
+        let mut port = Reference::new(answer);
+        let mut trace = Trace::new();
+        let mut lookups = 0;
+        for step in 0..2 * STEPS {
+            let step_trace = trace.next_step();
+            if step >= STEPS {
+                measured_step_reference_foldhash_lookup(&mut port, &step_trace.lookups);
+                lookups += step_trace.lookups.len() as u64;
+                measured_step_reference_foldhash_flush(&mut port);
+                port.wait_published();
+                measured_step_reference_foldhash_rest(&mut port, &step_trace.finished);
+            } else {
+                for (key, request) in &step_trace.lookups {
+                    black_box(port.lookup(key, request));
+                }
+                port.flush();
+                port.wait_published();
+                port.drain();
+                for request in &step_trace.finished {
+                    port.cleanup(request);
+                }
+            }
+        }
+        for name in [
+            "step_reference_foldhash_lookup",
+            "step_reference_foldhash_flush",
+            "step_reference_foldhash_rest",
+        ] {
+            ops(name, lookups);
+        }
+    }
+
     #[inline(never)]
     fn measured_step_baseline_foldhash_probe(map: &FoldMap<u64, bool>, lookups: &[(u64, u64)]) {
         for (key, _) in lookups {
@@ -358,6 +418,7 @@ mod bench {
     pub fn main() {
         table_ops();
         step_workload();
+        reference_step_workload();
         save_ops();
     }
 }

@@ -11,6 +11,8 @@
 
 #![allow(dead_code)] // each user takes the parts it needs
 
+pub mod reference_port;
+
 /// Steps in the reference trace.
 pub const STEPS: usize = 200;
 /// Requests alive in every step.
