@@ -260,6 +260,13 @@ MUTATIONS = [
         MODELS + ["proptest_lookup"],
     ),
     Mutation(
+        "L9-expected-cell-holds-the-key",
+        "a lookup takes the cell its request is expected to ask next without checking that it holds the key",
+        [("            && let Some(entry) = self.keys.entry_if_key(cell, key)",
+          "            && let Some(entry) = Some(self.keys.entry_mut(cell))")],
+        MODELS + ["proptest_lookup"],
+    ),
+    Mutation(
         "L9-flush-moves-the-watermark",
         "a flush leaves its keys pending instead of moving the in-flight watermark",
         [("        self.flushed_below = self.next_generation;\n", "")],

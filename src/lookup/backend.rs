@@ -83,13 +83,13 @@ pub(crate) enum CallEnd {
 
 // guard: L6-catch-panics
 /// Probes one group, turning every fault into misses (see [`Backend`]).
-pub(crate) fn probe_group<K, R, B>(backend: &mut B, group: Group<K, R>) -> GroupResult<K>
+pub(crate) fn probe_group<K, R, B>(backend: &mut B, mut group: Group<K, R>) -> GroupResult<K>
 where
     R: Request,
     B: Backend<K, R>,
 {
     let limit = group.len();
-    let mut found = Vec::with_capacity(limit);
+    let mut found = group.found_buffer();
     // guard: L6-catch-panics
     let call = panic::catch_unwind(AssertUnwindSafe(|| {
         // Everything that runs backend code stays inside this closure: the

@@ -51,19 +51,44 @@ pub struct Group<K, R> {
     /// Shared with the table while the group is out, when the table skips
     /// unwanted groups (see [`Group::claim`]).
     pub(crate) interest: Option<Arc<Interest>>,
+    /// Room for the answers, recycled by the table (see
+    /// [`found_buffer`](Self::found_buffer)).
+    pub(crate) found: Vec<bool>,
 }
 
 impl<K, R> Group<K, R> {
+    #[cfg(test)]
     pub(crate) fn new(table: TableId, request: R, number: u32) -> Self {
+        Self::with_buffers(table, request, number, GroupBuffers::default())
+    }
+
+    /// A group whose vectors reuse `buffers`' allocations (all empty).
+    pub(crate) fn with_buffers(
+        table: TableId,
+        request: R,
+        number: u32,
+        buffers: GroupBuffers<K>,
+    ) -> Self {
         Self {
             table,
             seq: 0,
             number,
             request,
-            keys: Vec::new(),
-            generations: Vec::new(),
+            keys: buffers.keys,
+            generations: buffers.generations,
             interest: None,
+            found: buffers.found,
         }
+    }
+
+    /// An empty vector with room for one answer per key, for a prober to
+    /// collect the answers in (it reuses an earlier group's allocation when
+    /// the table kept one).
+    pub(crate) fn found_buffer(&mut self) -> Vec<bool> {
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        found.reserve(self.keys.len());
+        found
     }
 
     /// Decides, just before the backend call, whether to probe the group.
@@ -121,8 +146,8 @@ impl<K, R> Group<K, R> {
     /// key order. Fewer answers than keys make the rest misses (and are
     /// counted as a short result); answers beyond the keys are ignored (and
     /// counted). At most `len() + 1` answers are pulled from the iterator.
-    pub fn answered(self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
-        let mut found = Vec::with_capacity(self.len());
+    pub fn answered(mut self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
+        let mut found = self.found_buffer();
         let surplus = collect_answers(answers, self.len(), &mut found);
         let outcome = GroupOutcome::of_answers(found.len(), self.len(), surplus);
         self.finish(found, outcome)
@@ -137,8 +162,9 @@ impl<K, R> Group<K, R> {
     /// The result for a group whose backend call panicked after giving
     /// `answers` (pulled up to `len()`): unanswered keys are misses (counted
     /// in [`LookupStats::backend_panics`](super::LookupStats::backend_panics)).
-    pub fn panicked(self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
-        let found: Vec<bool> = answers.into_iter().take(self.len()).collect();
+    pub fn panicked(mut self, answers: impl IntoIterator<Item = bool>) -> GroupResult<K> {
+        let mut found = self.found_buffer();
+        found.extend(answers.into_iter().take(self.len()));
         let answered = found.len();
         self.finish(found, GroupOutcome::BackendPanic { answered })
     }
@@ -179,7 +205,10 @@ impl<K, R> Group<K, R> {
 
     /// The result with the given answers and outcome; missing answers are
     /// misses, surplus ones are dropped.
-    pub(crate) fn finish(self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
+    pub(crate) fn finish(mut self, mut found: Vec<bool>, outcome: GroupOutcome) -> GroupResult<K> {
+        if found.capacity() == 0 {
+            found = self.found_buffer();
+        }
         // Every key gets exactly one answer: a key left without one would
         // stay in flight forever (the reference's `zip` defect).
         // guard: L6-one-answer-per-key
@@ -192,6 +221,24 @@ impl<K, R> Group<K, R> {
             generations: self.generations,
             found,
             outcome,
+        }
+    }
+}
+
+/// The allocations of a group's vectors, kept by the table from an applied
+/// result for a later group.
+pub(crate) struct GroupBuffers<K> {
+    pub(crate) keys: Vec<K>,
+    pub(crate) generations: Vec<Generation>,
+    pub(crate) found: Vec<bool>,
+}
+
+impl<K> Default for GroupBuffers<K> {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            generations: Vec::new(),
+            found: Vec::new(),
         }
     }
 }

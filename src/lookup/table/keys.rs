@@ -97,6 +97,15 @@ impl<K: Eq + Hash> KeyStore<K> {
         Some(self.entry_mut(cell))
     }
 
+    /// The state in `cell`, if the cell holds `key`.
+    #[inline(always)]
+    pub(super) fn entry_if_key(&mut self, cell: u32, key: &K) -> Option<&mut Entry> {
+        match self.cells.get_mut(cell as usize) {
+            Some(Cell::Live(record)) if record.key == *key => Some(&mut record.entry),
+            _ => None,
+        }
+    }
+
     /// The record in `cell`, if it holds one.
     pub(super) fn get(&self, cell: u32) -> Option<&Record<K>> {
         match self.cells.get(cell as usize) {

@@ -23,7 +23,7 @@ use hashbrown::HashMap;
 
 use super::limits::LookupLimits;
 use super::stats::LookupStats;
-use super::submission::{Group, GroupOutcome, GroupResult, Interest, Submission};
+use super::submission::{Group, GroupBuffers, GroupOutcome, GroupResult, Interest, Submission};
 use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
 use crate::invariant::InvariantViolation;
 use crate::sync::Arc;
@@ -38,7 +38,8 @@ mod tests;
 use bounds::StepMark;
 use keys::KeyStore;
 use storage::{
-    Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_SLOTS, Slot, link_requester, shrink_map,
+    Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_GROUPS, SPARE_SLOTS, Slot, link_requester,
+    shrink_map,
 };
 
 /// The scheduler-owned state of the async lookup protocol.
@@ -96,6 +97,10 @@ pub struct LookupTable<K, R: Request> {
     overflow: Overflow,
     /// This step's new keys, grouped by request in first-appearance order.
     batch: Vec<Group<K, R>>,
+    /// The vectors of applied results, emptied, for the next groups (at
+    /// most [`SPARE_GROUPS`]): a group's keys, generations and answers
+    /// reuse allocations instead of growing new ones every step.
+    spare_buffers: Vec<GroupBuffers<K>>,
     /// Index in `batch` of each request's group. Kept apart from the slots
     /// so a request cleaned up and seen again within one step still gets
     /// one group.
@@ -165,6 +170,7 @@ impl<K, R: Request> Default for LookupTable<K, R> {
             last_slot: NONE,
             overflow: Overflow::default(),
             batch: Vec::new(),
+            spare_buffers: Vec::new(),
             batch_groups: HashMap::new(),
             batch_epoch: 0,
             flushed_below: 0,
@@ -211,7 +217,32 @@ where
     /// [`lookup`](Self::lookup) for the request in `slot`.
     #[inline(always)]
     fn lookup_in(&mut self, slot: u32, key: &K, request: &R) -> Verdict<K> {
-        self.stats.lookups += 1;
+        // A scheduler asks about a request's blocks in the same order every
+        // step: the key the request is expected to ask next is found
+        // without hashing, by comparing it with the key in the expected
+        // cell. Its state lists the request (the slot's cells are exactly
+        // its links), so nothing is to be linked.
+        let record = &mut self.slots[slot as usize];
+        let expected = if record.cursor < record.keys.len() {
+            record.cursor
+        } else {
+            0
+        };
+        if let Some(&cell) = record.keys.get(expected)
+            // guard: L9-expected-cell-holds-the-key
+            && let Some(entry) = self.keys.entry_if_key(cell, key)
+        {
+            record.cursor = expected + 1;
+            let entry = *entry;
+            return self.verdict(entry, key);
+        }
+        self.lookup_hashed(slot, key, request)
+    }
+
+    /// [`lookup_in`](Self::lookup_in) for a key that is not the one its
+    /// request was expected to ask: found (or created) through the index.
+    #[inline(always)]
+    fn lookup_hashed(&mut self, slot: u32, key: &K, request: &R) -> Verdict<K> {
         let hash = self.keys.hash(key);
         // guard: L1-known-key
         let entry = match self.keys.find(hash, key) {
@@ -240,6 +271,12 @@ where
                 None => return self.shed(),
             },
         };
+        self.verdict(entry, key)
+    }
+
+    /// The verdict a lookup of `key`, whose state is `entry`, gives.
+    #[inline(always)]
+    fn verdict(&mut self, entry: Entry, key: &K) -> Verdict<K> {
         match entry.phase(self.flushed_below, self.overdue_below) {
             Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
@@ -328,8 +365,13 @@ where
                         return None;
                     }
                     let number = self.take_group_number();
-                    self.batch
-                        .push(Group::new(self.id, request.clone(), number));
+                    let buffers = self.spare_buffers.pop().unwrap_or_default();
+                    self.batch.push(Group::with_buffers(
+                        self.id,
+                        request.clone(),
+                        number,
+                        buffers,
+                    ));
                     self.batch_groups.insert(id.clone(), self.batch.len() - 1);
                     self.batch.len() - 1
                 }
@@ -524,14 +566,29 @@ where
         if let Some(log) = &mut self.applied_log {
             log.push((result.seq, result.outcome));
         }
-        let entries = result
-            .keys
-            .into_iter()
-            .zip(result.generations)
-            .zip(result.found);
-        for ((key, generation), found) in entries {
-            let hash = self.keys.hash(&key);
-            let Some(cell) = self.keys.find(hash, &key) else {
+        let GroupResult {
+            mut keys,
+            mut generations,
+            mut found,
+            ..
+        } = result;
+        self.apply_answers(&keys, &generations, &found);
+        if self.spare_buffers.len() < SPARE_GROUPS && keys.capacity() <= REUSE_KEYS {
+            keys.clear();
+            generations.clear();
+            found.clear();
+            self.spare_buffers.push(GroupBuffers {
+                keys,
+                generations,
+                found,
+            });
+        }
+    }
+
+    fn apply_answers(&mut self, keys: &[K], generations: &[Generation], found: &[bool]) {
+        for ((key, &generation), &found) in keys.iter().zip(generations).zip(found) {
+            let hash = self.keys.hash(key);
+            let Some(cell) = self.keys.find(hash, key) else {
                 self.stats.stale_results += 1;
                 continue;
             };
@@ -742,7 +799,12 @@ where
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> LookupStats {
-        self.stats
+        // Every lookup gives exactly one verdict, so the hot path counts
+        // the verdicts alone.
+        LookupStats {
+            lookups: self.stats.hits + self.stats.misses + self.stats.pending,
+            ..self.stats
+        }
     }
 
     /// The state of `key`, if the table tracks it. For checkers, tools and

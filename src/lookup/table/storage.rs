@@ -19,6 +19,9 @@ pub(super) const NO_EPOCH: u64 = u64::MAX;
 /// request up to this many keys (so one huge request does not pin memory).
 pub(super) const REUSE_KEYS: usize = 4096;
 
+/// Emptied group vectors the table keeps for later groups.
+pub(super) const SPARE_GROUPS: usize = 64;
+
 /// Free slots (and maps' spare capacity, in entries) kept however sparse
 /// the table is: below this, nothing is shrunk.
 pub(super) const SPARE_SLOTS: usize = 1024;
@@ -114,6 +117,39 @@ pub(super) struct Overflow {
     pub(super) positions: HashMap<u32, HashMap<u32, u32>>,
 }
 
+/// Whether `list` holds `slot`: eight at a time without an early exit
+/// inside a chunk, which the compiler turns into vector compares (a key
+/// shared by 32 requests is scanned for every request that joins it).
+#[inline]
+fn scan_holds(list: &[u32], slot: u32) -> bool {
+    let chunks = list.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        if chunk.iter().fold(false, |found, &s| found | (s == slot)) {
+            return true;
+        }
+    }
+    rest.contains(&slot)
+}
+
+/// Where `slot` is in `list`, found as [`scan_holds`] finds it.
+#[inline]
+fn scan_position(list: &[u32], slot: u32) -> Option<usize> {
+    let mut chunks = list.chunks_exact(8);
+    let mut at = 0;
+    for chunk in chunks.by_ref() {
+        if chunk.iter().fold(false, |found, &s| found | (s == slot)) {
+            return chunk.iter().position(|&s| s == slot).map(|i| at + i);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&s| s == slot)
+        .map(|i| at + i)
+}
+
 /// Lists longer than this are indexed (see [`Overflow::positions`]).
 pub(super) const INDEX_ABOVE: usize = 256;
 
@@ -127,7 +163,7 @@ impl Overflow {
     pub(super) fn list_holds(&self, more: u32, slot: u32) -> bool {
         let list = &self.lists[more as usize];
         if list.len() <= INDEX_ABOVE {
-            list.contains(&slot)
+            scan_holds(list, slot)
         } else {
             self.indexed_holds(more, slot)
         }
@@ -188,9 +224,32 @@ impl Overflow {
         }
         let more = entry.more;
         let list = &mut self.lists[more as usize];
+        // Exactly the long lists have an index: a short one (the usual
+        // case) is scanned and never looks the index map up.
+        if list.len() <= INDEX_ABOVE {
+            if entry.first == slot {
+                // The list is never empty while it is attached.
+                entry.first = list.pop().unwrap_or(NONE);
+            } else if let Some(position) = scan_position(list, slot) {
+                list.swap_remove(position);
+            }
+            if list.is_empty() {
+                self.free.push(more);
+                entry.more = NONE;
+            }
+            return;
+        }
+        self.remove_indexed(entry, slot);
+    }
+
+    /// [`remove`](Self::remove) from a list long enough to be indexed.
+    #[cold]
+    #[inline(never)]
+    fn remove_indexed(&mut self, entry: &mut Entry, slot: u32) {
+        let more = entry.more;
+        let list = &mut self.lists[more as usize];
         let index = self.positions.get_mut(&more);
         if entry.first == slot {
-            // The list is never empty while it is attached.
             entry.first = list.pop().unwrap_or(NONE);
             if let Some(index) = index {
                 index.remove(&entry.first);
@@ -198,7 +257,7 @@ impl Overflow {
         } else {
             let position = match index {
                 Some(index) => index.remove(&slot).map(|at| at as usize),
-                None => list.iter().position(|&s| s == slot),
+                None => scan_position(list, slot),
             };
             if let Some(position) = position {
                 list.swap_remove(position);
@@ -211,10 +270,6 @@ impl Overflow {
         }
         if list.len() <= INDEX_ABOVE {
             self.positions.remove(&more);
-        }
-        if list.is_empty() {
-            self.free.push(more);
-            entry.more = NONE;
         }
     }
 

@@ -54,6 +54,7 @@ pub trait AsyncBackend<K, R>: Send + Sync + 'static {
 pub(super) async fn probe<K, R, B>(
     backend: &B,
     group: &Group<K, R>,
+    mut found: Vec<bool>,
     timeout: Option<Duration>,
 ) -> (Vec<bool>, CallEnd)
 where
@@ -70,11 +71,10 @@ where
     });
     // guard: T4-group-timeout
     match task::timeout(timeout, call).await {
-        None => (Vec::new(), CallEnd::TimedOut),
-        Some(Err(message)) => (Vec::new(), CallEnd::Panic(message)),
-        Some(Ok(Err(error))) => (Vec::new(), CallEnd::Error(error)),
+        None => (found, CallEnd::TimedOut),
+        Some(Err(message)) => (found, CallEnd::Panic(message)),
+        Some(Ok(Err(error))) => (found, CallEnd::Error(error)),
         Some(Ok(Ok(answers))) => {
-            let mut found = Vec::with_capacity(group.len());
             let surplus = collect_answers(answers, group.len(), &mut found);
             (found, CallEnd::Answers { surplus })
         }

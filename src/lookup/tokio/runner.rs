@@ -73,7 +73,8 @@ where
             // keys all lose their requests while it runs is dropped. Both are
             // the race below: `unwanted` is polled before the call starts.
             let group = self.current.insert(group);
-            let call = probe(&self.shared.backend, group, self.shared.timeout);
+            let found = group.found_buffer();
+            let call = probe(&self.shared.backend, group, found, self.shared.timeout);
             // guard: L15-tokio-prober-drops-unwanted-running-probes
             let ended = first_of(call, group.unwanted()).await;
             let group = self.current.take().expect("the group being probed");
