@@ -441,8 +441,8 @@ MUTATIONS = [
     Mutation(
         "S2-failed-wait-closes-task",
         "a task whose wait panicked is never closed, so its requests are never reported",
-        [("        self.unlink(task, &members);\n",
-          "        if !matches!(ended, Ended::Panicked) {\n            self.unlink(task, &members);\n        }\n")],
+        [("        self.unlink(task, members.as_slice());\n",
+          "        if !matches!(ended, Ended::Panicked) {\n            self.unlink(task, members.as_slice());\n        }\n")],
         TEST + ["--test", "save", "failed_timed_out_and_panicking"],
     ),
     Mutation(
@@ -470,7 +470,7 @@ MUTATIONS = [
         "submit drops the task at once, releasing its handle while the save runs",
         [("        self.ledger.open_task(requests, task, Instant::now())\n",
           "        let id = self.ledger.open_task(requests, task, Instant::now());\n"
-          "        self.ledger.close_task(id, Closed::Reaped, |task| {\n"
+          "        self.ledger.close_task(id, None, Closed::Reaped, |task| {\n"
           "            drop(task);\n"
           "            (Ended::Returned(Ok(())), Instant::now())\n"
           "        });\n"
@@ -819,7 +819,7 @@ MUTATIONS = [
         "S9-poll-never-waits",
         "a poll waits for a task whose check panicked",
         [("                Check::Panicked(message) => {\n",
-          "                Check::Panicked(message) => {\n                    done.push(id);\n")],
+          "                Check::Panicked(message) => {\n                    done.push((id, at));\n")],
         TEST + ["-p", "kvtier", "--test", "save", "a_panicking_check_never"],
     ),
 ]

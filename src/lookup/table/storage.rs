@@ -215,6 +215,7 @@ impl Overflow {
     }
 
     /// Removes `slot` from the entry's requesters, if it is one.
+    #[inline]
     pub(super) fn remove(&mut self, entry: &mut Entry, slot: u32) {
         if entry.more == NONE {
             if entry.first == slot {
@@ -222,6 +223,12 @@ impl Overflow {
             }
             return;
         }
+        self.remove_listed(entry, slot);
+    }
+
+    /// [`remove`](Self::remove) from a key with more than one requester.
+    #[inline(never)]
+    fn remove_listed(&mut self, entry: &mut Entry, slot: u32) {
         let more = entry.more;
         let list = &mut self.lists[more as usize];
         // Exactly the long lists have an index: a short one (the usual
