@@ -213,8 +213,11 @@ where
             &mut done,
         );
         let reaped = done.len();
+        // Every task reaped here was found complete by this poll: one clock
+        // reading times them all.
+        let seen_complete = (!done.is_empty()).then(Instant::now);
         for (id, at) in done.drain(..) {
-            self.close_at(id, Some(at), Closed::Reaped);
+            self.close_at(id, Some(at), Closed::Reaped, seen_complete);
         }
         self.done = done;
         reaped
@@ -336,12 +339,19 @@ where
     /// Waits for (or, after a complete check, reaps) one task and closes it:
     /// the task value is consumed by `wait`, which releases its handle.
     fn close(&mut self, id: TaskId, how: Closed) {
-        self.close_at(id, None, how);
+        self.close_at(id, None, how, None);
     }
 
     /// [`close`](Self::close), with where the task is in the ledger if
-    /// known.
-    fn close_at(&mut self, id: TaskId, hint: Option<usize>, how: Closed) {
+    /// known, and when it was seen complete if it was (else the clock is
+    /// read once `wait` returns).
+    fn close_at(
+        &mut self,
+        id: TaskId,
+        hint: Option<usize>,
+        how: Closed,
+        seen_complete: Option<Instant>,
+    ) {
         let closed = self.ledger.close_task(id, hint, how, |task| {
             let ended = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
                 Ok(outcome) => {
@@ -355,7 +365,7 @@ where
                     Ended::Panicked
                 }
             };
-            (ended, Instant::now())
+            (ended, seen_complete.unwrap_or_else(Instant::now))
         });
         debug_assert!(closed, "S4: {id} closed twice");
     }

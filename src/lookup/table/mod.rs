@@ -38,8 +38,8 @@ mod tests;
 use bounds::StepMark;
 use keys::KeyStore;
 use storage::{
-    Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_GROUPS, SPARE_SLOTS, Slot, link_requester,
-    shrink_map,
+    Entry, NO_EPOCH, NONE, Overflow, REUSE_KEYS, SPARE_GROUP_KEYS, SPARE_GROUPS, SPARE_SLOTS, Slot,
+    link_requester, shrink_map,
 };
 
 /// The scheduler-owned state of the async lookup protocol.
@@ -573,7 +573,7 @@ where
             ..
         } = result;
         self.apply_answers(&keys, &generations, &found);
-        if self.spare_buffers.len() < SPARE_GROUPS && keys.capacity() <= REUSE_KEYS {
+        if self.spare_buffers.len() < SPARE_GROUPS && keys.capacity() <= SPARE_GROUP_KEYS {
             keys.clear();
             generations.clear();
             found.clear();

@@ -19,8 +19,11 @@ pub(super) const NO_EPOCH: u64 = u64::MAX;
 /// request up to this many keys (so one huge request does not pin memory).
 pub(super) const REUSE_KEYS: usize = 4096;
 
-/// Emptied group vectors the table keeps for later groups.
-pub(super) const SPARE_GROUPS: usize = 64;
+/// Emptied group vectors the table keeps for later groups, and the most
+/// keys a kept one has room for: at most 16 × 1,024 × 17 bytes (keys of 8
+/// bytes) stay allocated for reuse however idle the table.
+pub(super) const SPARE_GROUPS: usize = 16;
+pub(super) const SPARE_GROUP_KEYS: usize = 1024;
 
 /// Free slots (and maps' spare capacity, in entries) kept however sparse
 /// the table is: below this, nothing is shrunk.
