@@ -53,15 +53,7 @@ mod benches {
     }
 
     fn flush_and_answer(table: &mut LookupTable<u64, u64>) -> Vec<GroupResult<u64>> {
-        let submission = table.take_submission().expect("new keys");
-        submission
-            .into_groups()
-            .into_iter()
-            .map(|group| {
-                let found: Vec<bool> = group.keys().iter().map(|&k| present(k)).collect();
-                group.answered(found)
-            })
-            .collect()
+        workload::answers(table.take_submission().expect("new keys"))
     }
 
     fn operations(c: &mut Criterion) {

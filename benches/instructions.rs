@@ -24,10 +24,10 @@ mod bench {
     use hashbrown::HashMap as FoldMap;
     use kvtier::lookup::{GroupResult, LookupTable, Submission};
     use kvtier::save::{Completer, CompletionTask};
-    use kvtier::{SaveScheduler, SaveTracker, Verdict};
+    use kvtier::{SaveTracker, Verdict};
 
     use super::workload::reference_port::ReferencePort;
-    use super::workload::{self, Trace, mix, present};
+    use super::workload::{self, Trace, answers, mix, present};
 
     /// Keys per measured batch (as in the `op` group of `hot_path`).
     const BATCH: u64 = 1024;
@@ -62,17 +62,6 @@ mod bench {
             table.lookup(key, &request_of(index));
         }
         table
-    }
-
-    fn answers(submission: Submission<u64, u64>) -> Vec<GroupResult<u64>> {
-        submission
-            .into_groups()
-            .into_iter()
-            .map(|group| {
-                let found: Vec<bool> = group.keys().iter().map(|&k| present(k)).collect();
-                group.answered(found)
-            })
-            .collect()
     }
 
     fn resolved(keys: &[u64]) -> Table {
@@ -354,18 +343,7 @@ mod bench {
     type Tracker = SaveTracker<u64, CompletionTask>;
 
     fn tracker() -> (Tracker, Vec<Completer>) {
-        let mut scheduler = SaveScheduler::new();
-        let mut tracker = Tracker::new();
-        let step = scheduler.record_step((0..OUTSTANDING + BATCH).map(|r| (r, 1)));
-        tracker.begin_step(&step).expect("steps in sequence");
-        let completers = (0..OUTSTANDING)
-            .map(|request| {
-                let (task, completer) = CompletionTask::new(());
-                tracker.submit(task, &[request]);
-                completer
-            })
-            .collect();
-        (tracker, completers)
+        workload::saving_tracker(OUTSTANDING, OUTSTANDING + BATCH)
     }
 
     #[inline(never)]

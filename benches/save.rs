@@ -12,6 +12,9 @@
 //! `cargo bench --bench save`; tasks are the crate's `CompletionTask`s.
 
 #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+mod workload;
+
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 mod bench {
     use std::hint::black_box;
 
@@ -26,18 +29,7 @@ mod bench {
     /// A tracker with `OUTSTANDING` running tasks, one per recorded request
     /// (requests `0..OUTSTANDING`), and the tasks' completers.
     fn tracker() -> (Tracker, Vec<Completer>) {
-        let mut scheduler = SaveScheduler::new();
-        let mut tracker = Tracker::new();
-        let step = scheduler.record_step((0..OUTSTANDING + BATCH).map(|r| (r, 1)));
-        tracker.begin_step(&step).expect("steps in sequence");
-        let completers = (0..OUTSTANDING)
-            .map(|request| {
-                let (task, completer) = CompletionTask::new(());
-                tracker.submit(task, &[request]);
-                completer
-            })
-            .collect();
-        (tracker, completers)
+        super::workload::saving_tracker(OUTSTANDING, OUTSTANDING + BATCH)
     }
 
     fn save_tracking(c: &mut Criterion) {

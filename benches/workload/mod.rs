@@ -99,3 +99,42 @@ impl Trace {
         Step { lookups, finished }
     }
 }
+
+/// Every group of `submission` answered by the trace's [`present`] rule,
+/// as the worker would answer it.
+pub fn answers(
+    submission: kvtier::lookup::Submission<u64, u64>,
+) -> Vec<kvtier::lookup::GroupResult<u64>> {
+    submission
+        .into_groups()
+        .into_iter()
+        .map(|group| {
+            let found: Vec<bool> = group.keys().iter().map(|&k| present(k)).collect();
+            group.answered(found)
+        })
+        .collect()
+}
+
+/// A save tracker whose step recorded requests `0..recorded`, with one
+/// running `CompletionTask` for each of requests `0..outstanding`, and the
+/// tasks' completers.
+pub fn saving_tracker(
+    outstanding: u64,
+    recorded: u64,
+) -> (
+    kvtier::SaveTracker<u64, kvtier::save::CompletionTask>,
+    Vec<kvtier::save::Completer>,
+) {
+    let mut scheduler = kvtier::SaveScheduler::new();
+    let mut tracker = kvtier::SaveTracker::new();
+    let step = scheduler.record_step((0..recorded).map(|r| (r, 1)));
+    tracker.begin_step(&step).expect("steps in sequence");
+    let completers = (0..outstanding)
+        .map(|request| {
+            let (task, completer) = kvtier::save::CompletionTask::new(());
+            tracker.submit(task, &[request]);
+            completer
+        })
+        .collect();
+    (tracker, completers)
+}
