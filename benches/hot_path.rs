@@ -19,6 +19,7 @@ mod benches {
     use hashbrown::HashMap as FoldMap;
     use kvtier::{lookup::GroupResult, lookup::LookupTable, lookup::ThreadLookup};
 
+    use super::workload::floor::Floor;
     use super::workload::reference_port::ReferencePort;
     use super::workload::{self, Trace, present};
     use hashbrown::DefaultHashBuilder as FoldState;
@@ -332,6 +333,46 @@ mod benches {
         let (mut port, mut trace) = (Reference::<FoldState>::new(answer), Trace::new());
         group.bench_function("baseline_reference_foldhash_scheduler", |b| {
             b.iter_custom(|steps| reference(&mut port, &mut trace, steps).scheduler)
+        });
+
+        // The floor (benches/workload/floor.rs): the work every
+        // implementation does, and nothing else. The backend's answers
+        // are computed untimed, as the worker's are for the others.
+        fn floor(floor: &mut Floor, trace: &mut Trace, steps: u64) -> StepTime {
+            let mut time = StepTime {
+                lookup: Duration::ZERO,
+                scheduler: Duration::ZERO,
+            };
+            let mut queued = Vec::new();
+            for _ in 0..steps {
+                let step = trace.next_step();
+                let start = Instant::now();
+                for (key, _) in &step.lookups {
+                    black_box(floor.lookup(*key));
+                }
+                let lookup = start.elapsed();
+                let start = Instant::now();
+                floor.flush(&mut queued);
+                let mut scheduler = lookup + start.elapsed();
+                let answers: Vec<(u64, bool)> = queued.iter().map(|&k| (k, present(k))).collect();
+                let start = Instant::now();
+                floor.apply(&answers);
+                for &request in &step.finished {
+                    floor.cleanup(request);
+                }
+                scheduler += start.elapsed();
+                time.lookup += lookup;
+                time.scheduler += scheduler;
+            }
+            time
+        }
+        let (mut state, mut trace) = (Floor::new(), Trace::new());
+        group.bench_function("baseline_floor", |b| {
+            b.iter_custom(|steps| floor(&mut state, &mut trace, steps).lookup)
+        });
+        let (mut state, mut trace) = (Floor::new(), Trace::new());
+        group.bench_function("baseline_floor_scheduler", |b| {
+            b.iter_custom(|steps| floor(&mut state, &mut trace, steps).scheduler)
         });
 
         let mut trace = Trace::new();

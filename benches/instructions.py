@@ -26,13 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (table title, baseline, ops) in the order printed.
 TABLES = [
     ("lookup table, per key (1,024 keys over 8 requests)", "baseline_foldhash_probe",
-     ["lookup_known", "lookup_known_32_requesters", "lookup_new", "lookup_all",
+     ["lookup_known", "lookup_known_32_requesters", "lookup_join_31_requesters", "lookup_new", "lookup_all",
       "flush", "apply", "cleanup", "baseline_foldhash_probe", "baseline_std_probe"]),
     ("step workload on the table, per lookup (24 steps of 4,096 lookups)",
      "step_baseline_foldhash_probe",
-     ["step_lookup", "step_flush", "step_apply", "step_cleanup", "step_scheduler",
+     ["step_lookup", "step_lookup_all", "step_flush", "step_apply", "step_cleanup", "step_scheduler",
       "step_reference_foldhash_lookup", "step_reference_foldhash_scheduler",
-      "step_baseline_foldhash_probe"]),
+      "step_floor_lookup", "step_floor_scheduler", "step_baseline_foldhash_probe"]),
     ("save tracker with 10^4 outstanding tasks, per task", "save_baseline_check_loop",
      ["save_submit", "save_poll_none_done", "save_poll_reaping", "save_baseline_check_loop"]),
 ]
@@ -81,6 +81,7 @@ def measure(binary):
         "step_reference_foldhash_scheduler": [
             "step_reference_foldhash_lookup", "step_reference_foldhash_flush",
             "step_reference_foldhash_rest"],
+        "step_floor_scheduler": ["step_floor_lookup", "step_floor_flush", "step_floor_rest"],
     }
     for total, parts in sums.items():
         if all(name in per_op for name in parts):

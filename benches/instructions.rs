@@ -26,6 +26,7 @@ mod bench {
     use kvtier::save::{Completer, CompletionTask};
     use kvtier::{SaveTracker, Verdict};
 
+    use super::workload::floor::Floor;
     use super::workload::reference_port::ReferencePort;
     use super::workload::{self, Trace, answers, mix, present};
 
@@ -82,6 +83,14 @@ mod bench {
 
     #[inline(never)]
     fn measured_lookup_known_32_requesters(table: &mut Table, keys: &[u64]) {
+        for key in keys {
+            black_box(table.lookup(key, &31));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_lookup_join_31_requesters(table: &mut Table, keys: &[u64]) {
+        distinct(2);
         for key in keys {
             black_box(table.lookup(key, &31));
         }
@@ -154,6 +163,21 @@ mod bench {
         }
         measured_lookup_known_32_requesters(&mut shared, &keys);
         ops("lookup_known_32_requesters", BATCH);
+
+        // A new request asking for keys 31 others asked for (a shared
+        // prefix): it joins each key's requester list.
+        let mut joined = Table::new();
+        for request in 0..31 {
+            for key in &keys {
+                joined.lookup(key, &request);
+            }
+        }
+        let submission = joined.take_submission().expect("new keys");
+        for result in answers(submission) {
+            joined.apply(result);
+        }
+        measured_lookup_join_31_requesters(&mut joined, &keys);
+        ops("lookup_join_31_requesters", BATCH);
 
         // A table that held as many keys before, so it does not grow.
         let mut table = resolved(&self::keys(BATCH));
@@ -272,6 +296,109 @@ mod bench {
             "step_reference_foldhash_flush",
             "step_reference_foldhash_rest",
         ] {
+            ops(name, lookups);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_floor_lookup(floor: &mut Floor, lookups: &[(u64, u64)]) {
+        for (key, _) in lookups {
+            black_box(floor.lookup(*key));
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_floor_flush(floor: &mut Floor, queued: &mut Vec<u64>) {
+        floor.flush(queued);
+    }
+
+    #[inline(never)]
+    fn measured_step_floor_rest(floor: &mut Floor, answers: &[(u64, bool)], finished: &[u64]) {
+        floor.apply(answers);
+        for &request in finished {
+            floor.cleanup(request);
+        }
+    }
+
+    #[inline(never)]
+    fn measured_step_lookup_all(
+        table: &mut Table,
+        requests: &[(Vec<u64>, u64)],
+        verdicts: &mut Vec<Verdict<u64>>,
+    ) {
+        for (keys, request) in requests {
+            black_box(table.lookup_all(keys, request, verdicts));
+        }
+    }
+
+    /// The step workload with each request's keys asked in one
+    /// `lookup_all` call (gathered before the measured call).
+    fn step_lookup_all_workload() {
+        let mut table = Table::new();
+        let mut trace = Trace::new();
+        let mut verdicts = Vec::new();
+        let mut lookups = 0;
+        for step in 0..2 * STEPS {
+            let step_trace = trace.next_step();
+            let requests: Vec<(Vec<u64>, u64)> = step_trace
+                .lookups
+                .chunks(workload::KEYS_PER_REQUEST)
+                .map(|chunk| (chunk.iter().map(|&(key, _)| key).collect(), chunk[0].1))
+                .collect();
+            if step >= STEPS {
+                measured_step_lookup_all(&mut table, &requests, &mut verdicts);
+                lookups += step_trace.lookups.len() as u64;
+            } else {
+                for (keys, request) in &requests {
+                    table.lookup_all(keys, request, &mut verdicts);
+                }
+            }
+            for result in table.take_submission().map(answers).unwrap_or_default() {
+                table.apply(result);
+            }
+            for request in &step_trace.finished {
+                table.cleanup(request);
+            }
+        }
+        ops("step_lookup_all", lookups);
+    }
+
+    /// The floor (benches/workload/floor.rs) on the same trace.
+    fn floor_step_workload() {
+        let mut floor = Floor::new();
+        let mut trace = Trace::new();
+        let mut queued = Vec::new();
+        let mut lookups = 0;
+        for step in 0..2 * STEPS {
+            let step_trace = trace.next_step();
+            let measure = step >= STEPS;
+            if measure {
+                measured_step_floor_lookup(&mut floor, &step_trace.lookups);
+                lookups += step_trace.lookups.len() as u64;
+                measured_step_floor_flush(&mut floor, &mut queued);
+            } else {
+                for (key, _) in &step_trace.lookups {
+                    black_box(floor.lookup(*key));
+                }
+                floor.flush(&mut queued);
+            }
+            // The backend's answers: not the floor's work, so not counted.
+            let answers: Vec<(u64, bool)> = queued.iter().map(|&k| (k, present(k))).collect();
+            if measure {
+                measured_step_floor_rest(&mut floor, &answers, &step_trace.finished);
+            } else {
+                floor.apply(&answers);
+                for &request in &step_trace.finished {
+                    floor.cleanup(request);
+                }
+            }
+            // It tracks what the table tracks: the shared prefix and the
+            // own keys of every request still live.
+            let own = workload::KEYS_PER_REQUEST - workload::SHARED_PREFIX;
+            let live = workload::LIVE - step_trace.finished.len();
+            assert_eq!(floor.len(), workload::SHARED_PREFIX + live * own);
+        }
+        for name in ["step_floor_lookup", "step_floor_flush", "step_floor_rest"] {
             ops(name, lookups);
         }
     }
@@ -397,6 +524,8 @@ mod bench {
         table_ops();
         step_workload();
         reference_step_workload();
+        floor_step_workload();
+        step_lookup_all_workload();
         save_ops();
     }
 }

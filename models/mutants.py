@@ -412,8 +412,8 @@ MUTATIONS = [
     Mutation(
         "S1-report-while-running",
         "a finished request is reported although a task still reads its blocks",
-        [("            if by_request.contains_key(request) {\n                return true;\n            }",
-          "            if by_request.contains_key(request) && false {\n                return true;\n            }")],
+        [("            if requests.get(request).is_some_and(RequestState::has_tasks) {\n                return true;\n            }",
+          "            if requests.get(request).is_some_and(RequestState::has_tasks) && false {\n                return true;\n            }")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "reported_only_after"],
         LOOM,
     ),
@@ -434,8 +434,8 @@ MUTATIONS = [
     Mutation(
         "S2-deferred-remembered",
         "a finished request that cannot be reported yet is dropped instead of remembered",
-        [("            if by_request.contains_key(request) {\n                return true;\n            }",
-          "            if by_request.contains_key(request) {\n                return false;\n            }")],
+        [("            if requests.get(request).is_some_and(RequestState::has_tasks) {\n                return true;\n            }",
+          "            if requests.get(request).is_some_and(RequestState::has_tasks) {\n                return false;\n            }")],
         TEST + ["--test", "save", "s1_a_finished_request"],
     ),
     Mutation(
@@ -448,15 +448,20 @@ MUTATIONS = [
     Mutation(
         "S2-report-once",
         "a finished id passed again while waiting is queued a second time",
-        [("                Some(true) => self.stats.repeated_finishes += 1,",
-          "                Some(true) => self.finishing.push(request.clone()),")],
+        [("                Recorded::Finished => self.stats.repeated_finishes += 1,",
+          "                Recorded::Finished => self.finishing.push(request.clone()),")],
         TEST + ["--test", "save", "s2_each_request"],
     ),
     Mutation(
         "S3-untracked-not-reported",
         "a finished id that never saved is queued for report",
-        [("                None => self.stats.not_delayed += 1,",
-          "                None => {\n                    self.recorded.insert(request.clone(), true);\n                    self.finishing.push(request.clone());\n                }")],
+        [("                Recorded::No => self.stats.not_delayed += 1,",
+          "                Recorded::No => {\n"
+          "                    let state = RequestState { recorded: Recorded::No, tasks: None };\n"
+          "                    self.requests.entry(request.clone()).or_insert(state).recorded = Recorded::Finished;\n"
+          "                    self.recorded += 1;\n"
+          "                    self.finishing.push(request.clone());\n"
+          "                }")],
         TEST + ["--test", "save", "s3_requests"],
     ),
     Mutation(

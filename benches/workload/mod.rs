@@ -11,6 +11,7 @@
 
 #![allow(dead_code)] // each user takes the parts it needs
 
+pub mod floor;
 pub mod reference_port;
 
 /// Steps in the reference trace.

@@ -56,6 +56,48 @@ struct Open<R, T> {
     check_panicked: bool,
 }
 
+/// Whether a step recorded a request, as far as the ledger knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recorded {
+    /// No step recorded it (it may still have running tasks: a save the
+    /// scheduler did not announce).
+    No,
+    /// Recorded, not finished: its free is delayed.
+    Saving,
+    /// Recorded and finished, queued for report.
+    Finished,
+}
+
+/// What the ledger knows of one request. An entry lives while the request
+/// is recorded or has a running task.
+#[derive(Debug)]
+struct RequestState {
+    recorded: Recorded,
+    /// The running tasks reading its blocks; `None` when none is.
+    tasks: Option<OneOrMany<TaskId>>,
+}
+
+impl RequestState {
+    /// Whether a running task reads its blocks.
+    fn has_tasks(&self) -> bool {
+        self.tasks.is_some()
+    }
+
+    /// Marks a recorded request finished. Returns how it was recorded
+    /// before (`No` for a request the ledger does not hold): only a
+    /// `Saving` one changes.
+    fn finish(state: Option<&mut Self>) -> Recorded {
+        match state {
+            Some(state) if state.recorded == Recorded::Saving => {
+                state.recorded = Recorded::Finished;
+                Recorded::Saving
+            }
+            Some(state) => state.recorded,
+            None => Recorded::No,
+        }
+    }
+}
+
 /// Which requests delay their free, which tasks read whose blocks, which
 /// finished requests wait for tasks. Pure bookkeeping over task values of
 /// any type `T`: it never calls a task itself, so the tracker decides how
@@ -65,17 +107,18 @@ pub(crate) struct SaveLedger<R, T> {
     next_task: u64,
     /// The sequence number of the step to take next.
     next_step: u64,
-    /// Recorded requests not reported yet, with whether they have finished.
-    recorded: HashMap<R, bool>,
+    /// Every request recorded and not reported yet, and every request with
+    /// a running task (recorded or not: the preemption fence covers both),
+    /// with both facts. One map, so a submit finds both in one probe.
+    requests: HashMap<R, RequestState>,
+    /// Entries of `requests` that are recorded.
+    recorded: usize,
     /// Finished recorded requests not reported yet, in the order they
     /// finished (so reports come out in a deterministic order).
     finishing: Vec<R>,
     /// Running tasks, each with the requests whose blocks it reads, in id
-    /// order.
+    /// order; `requests` holds the reverse.
     tasks: Running<Open<R, T>>,
-    /// The reverse of `tasks`: every id with at least one running task,
-    /// recorded or not (the preemption fence covers both).
-    by_request: HashMap<R, OneOrMany<TaskId>>,
     stats: SaveStats,
     /// How long closed tasks ran, from open to close.
     latency: SaveLatency,
@@ -93,10 +136,10 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         Self {
             next_task: 0,
             next_step: 0,
-            recorded: HashMap::new(),
+            requests: HashMap::new(),
+            recorded: 0,
             finishing: Vec::new(),
             tasks: Running::default(),
-            by_request: HashMap::new(),
             stats: SaveStats::default(),
             latency: SaveLatency::default(),
         }
@@ -141,10 +184,19 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         self.stats.steps += 1;
         self.next_step += 1;
         for request in requests {
-            if !self.recorded.contains_key(request) {
-                self.recorded.insert(request.clone(), false);
-                self.stats.recorded += 1;
+            match self.requests.get_mut(request) {
+                Some(state) if state.recorded != Recorded::No => continue,
+                Some(state) => state.recorded = Recorded::Saving,
+                None => {
+                    let state = RequestState {
+                        recorded: Recorded::Saving,
+                        tasks: None,
+                    };
+                    self.requests.insert(request.clone(), state);
+                }
             }
+            self.recorded += 1;
+            self.stats.recorded += 1;
         }
     }
 
@@ -186,21 +238,32 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         task
     }
 
-    /// Lists `task` among the running tasks of `request`.
+    /// Lists `task` among the running tasks of `request`: one probe for a
+    /// recorded request, the usual case.
     fn link(&mut self, request: &R, task: TaskId) {
-        if !self.recorded.contains_key(request) {
+        let recorded = match self.requests.get_mut(request) {
+            Some(state) => {
+                match &mut state.tasks {
+                    Some(tasks) => tasks.push(task),
+                    None => state.tasks = Some(OneOrMany::One(task)),
+                }
+                state.recorded != Recorded::No
+            }
+            None => {
+                let state = RequestState {
+                    recorded: Recorded::No,
+                    tasks: Some(OneOrMany::One(task)),
+                };
+                self.requests.insert(request.clone(), state);
+                false
+            }
+        };
+        if !recorded {
             self.stats.unrecorded_saves += 1;
             tracing::warn!(
                 ?request, %task,
                 "save submitted for a request no step recorded: the scheduler will not delay its free"
             );
-        }
-        match self.by_request.get_mut(request) {
-            Some(tasks) => tasks.push(task),
-            None => {
-                self.by_request
-                    .insert(request.clone(), OneOrMany::One(task));
-            }
         }
     }
 
@@ -274,13 +337,18 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         true
     }
 
-    /// Removes `task` from the reverse index of each of its `members`.
+    /// Removes `task` from the running tasks of each of its `members`; a
+    /// request left with neither a task nor a record leaves the ledger.
     fn unlink(&mut self, task: TaskId, members: &[R]) {
         for request in members {
-            if let Some(running) = self.by_request.get_mut(request)
+            if let Some(state) = self.requests.get_mut(request)
+                && let Some(running) = &mut state.tasks
                 && running.remove(&task)
             {
-                self.by_request.remove(request);
+                state.tasks = None;
+                if state.recorded == Recorded::No {
+                    self.requests.remove(request);
+                }
             }
         }
     }
@@ -298,13 +366,12 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     {
         let mut started = Vec::new();
         for request in finished {
-            match self.recorded.get_mut(request) {
+            match RequestState::finish(self.requests.get_mut(request)) {
                 // guard: S3-untracked-not-reported
-                None => self.stats.not_delayed += 1,
+                Recorded::No => self.stats.not_delayed += 1,
                 // guard: S2-report-once
-                Some(true) => self.stats.repeated_finishes += 1,
-                Some(done) => {
-                    *done = true;
+                Recorded::Finished => self.stats.repeated_finishes += 1,
+                Recorded::Saving => {
                     self.finishing.push(request.clone());
                     started.push(request.clone());
                 }
@@ -320,7 +387,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     {
         let mut tasks: Vec<TaskId> = requests
             .into_iter()
-            .filter_map(|request| self.by_request.get(request))
+            .filter_map(|request| self.requests.get(request)?.tasks.as_ref())
             .flat_map(OneOrMany::as_slice)
             .copied()
             .collect();
@@ -344,18 +411,18 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     /// once (S2).
     pub(crate) fn take_reportable(&mut self) -> Vec<R> {
         let mut reportable = Vec::new();
-        let by_request = &self.by_request;
-        let recorded = &mut self.recorded;
+        let requests = &mut self.requests;
         self.finishing.retain(|request| {
             // guard: S1-report-while-running
             // guard: S2-deferred-remembered
-            if by_request.contains_key(request) {
+            if requests.get(request).is_some_and(RequestState::has_tasks) {
                 return true;
             }
-            recorded.remove(request);
+            requests.remove(request);
             reportable.push(request.clone());
             false
         });
+        self.recorded -= reportable.len();
         self.stats.reported += reportable.len() as u64;
         reportable
     }
@@ -375,16 +442,21 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
 
     /// Whether `request` is recorded and not reported yet.
     pub(crate) fn is_recorded(&self, request: &R) -> bool {
-        self.recorded.contains_key(request)
+        self.recorded_as(request)
+            .is_some_and(|recorded| recorded != Recorded::No)
+    }
+
+    fn recorded_as(&self, request: &R) -> Option<Recorded> {
+        self.requests.get(request).map(|state| state.recorded)
     }
 
     /// Whether `request` has finished and waits for a task.
     pub(crate) fn is_finishing(&self, request: &R) -> bool {
-        self.recorded.get(request) == Some(&true)
+        self.recorded_as(request) == Some(Recorded::Finished)
     }
 
     pub(crate) fn recorded_count(&self) -> usize {
-        self.recorded.len()
+        self.recorded
     }
 
     pub(crate) fn finishing(&self) -> &[R] {
@@ -396,8 +468,9 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         for (task, open) in self.tasks.iter() {
             for request in open.members.as_slice() {
                 let listed = self
-                    .by_request
+                    .requests
                     .get(request)
+                    .and_then(|state| state.tasks.as_ref())
                     .is_some_and(|tasks| tasks.contains(&task));
                 if !listed {
                     return Err(format!(
@@ -406,7 +479,21 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
                 }
             }
         }
-        for (request, tasks) in &self.by_request {
+        let mut recorded = 0;
+        let mut finished = 0;
+        for (request, state) in &self.requests {
+            match state.recorded {
+                Recorded::No if state.tasks.is_none() => {
+                    return Err(format!("{request:?} is kept with no record and no task"));
+                }
+                Recorded::No => {}
+                Recorded::Saving => recorded += 1,
+                Recorded::Finished => {
+                    recorded += 1;
+                    finished += 1;
+                }
+            }
+            let Some(tasks) = &state.tasks else { continue };
             if tasks.as_slice().is_empty() {
                 return Err(format!("{request:?} has an empty task list"));
             }
@@ -420,7 +507,12 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
                 }
             }
         }
-        let finished = self.recorded.values().filter(|done| **done).count();
+        if recorded != self.recorded {
+            return Err(format!(
+                "{recorded} requests are recorded but the count says {}",
+                self.recorded
+            ));
+        }
         if finished != self.finishing.len() {
             return Err(format!(
                 "{finished} recorded requests are finished but {} are queued for report",
@@ -428,7 +520,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             ));
         }
         for request in &self.finishing {
-            if self.recorded.get(request) != Some(&true) {
+            if !self.is_finishing(request) {
                 return Err(format!("{request:?} is queued for report but not finished"));
             }
         }
@@ -480,7 +572,7 @@ mod tests {
     #[test]
     fn check_invariants_finds_a_missing_reverse_entry() {
         let (mut ledger, _) = ledger_with_task();
-        ledger.by_request.remove(&2);
+        ledger.requests.get_mut(&2).unwrap().tasks = None;
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("reverse index"), "{why}");
     }
@@ -496,22 +588,83 @@ mod tests {
     #[test]
     fn check_invariants_finds_an_empty_task_list() {
         let (mut ledger, _) = ledger_with_task();
-        ledger.by_request.insert(9, OneOrMany::Many(Vec::new()));
+        ledger.requests.insert(
+            9,
+            RequestState {
+                recorded: Recorded::No,
+                tasks: Some(OneOrMany::Many(Vec::new())),
+            },
+        );
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("empty task list"), "{why}");
     }
 
     #[test]
+    fn check_invariants_finds_a_request_kept_for_nothing_and_a_wrong_count() {
+        let (mut ledger, _) = ledger_with_task();
+        let nothing = RequestState {
+            recorded: Recorded::No,
+            tasks: None,
+        };
+        ledger.requests.insert(7, nothing);
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("no record and no task"), "{why}");
+
+        let (mut ledger, _) = ledger_with_task();
+        ledger.recorded += 1;
+        let why = ledger.check_invariants().unwrap_err();
+        assert!(why.contains("the count says"), "{why}");
+    }
+
+    #[test]
+    fn a_request_stays_while_recorded_or_saving_and_leaves_after_both() {
+        let mut ledger: SaveLedger<u64, ()> = SaveLedger::new();
+        // Saved before any step recorded it: kept for its task only.
+        let early = ledger.open_task(&[5], (), Instant::now());
+        assert_eq!(ledger.stats().unrecorded_saves, 1);
+        assert!(!ledger.is_recorded(&5));
+        ledger.begin_step(&[5, 6]);
+        assert!(ledger.is_recorded(&5) && ledger.is_recorded(&6));
+        assert_eq!(ledger.recorded_count(), 2);
+        let late = ledger.open_task(&[5, 6], (), Instant::now());
+        assert_eq!(ledger.stats().unrecorded_saves, 1, "recorded now");
+        assert_eq!(ledger.finish(&[5, 6, 5, 8]), vec![5, 6]);
+        assert_eq!(
+            (ledger.stats().repeated_finishes, ledger.stats().not_delayed),
+            (1, 1)
+        );
+        assert!(ledger.close_task(early, None, Closed::Reaped, ok_now));
+        assert!(
+            ledger.take_reportable().is_empty(),
+            "`late` still reads both"
+        );
+        assert!(ledger.close_task(late, None, Closed::Reaped, ok_now));
+        assert_eq!(ledger.take_reportable(), vec![5, 6]);
+        assert_eq!(ledger.recorded_count(), 0);
+        assert!(ledger.requests.is_empty());
+        ledger.check_invariants().unwrap();
+
+        // A save of a request no step records leaves with its last task.
+        let stray = ledger.open_task(&[9], (), Instant::now());
+        assert!(ledger.close_task(stray, None, Closed::Reaped, ok_now));
+        assert!(ledger.requests.is_empty());
+        ledger.check_invariants().unwrap();
+    }
+
+    #[test]
     fn check_invariants_finds_finished_requests_missing_from_the_queue() {
         let (mut ledger, _) = ledger_with_task();
-        ledger.recorded.insert(1, true);
+        let mark = |ledger: &mut SaveLedger<u64, ()>, request, recorded| {
+            ledger.requests.get_mut(&request).unwrap().recorded = recorded;
+        };
+        mark(&mut ledger, 1, Recorded::Finished);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("queued for report"), "{why}");
-        ledger.recorded.insert(1, false);
+        mark(&mut ledger, 1, Recorded::Saving);
         ledger.finishing.push(1);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("queued for report"), "{why}");
-        ledger.recorded.insert(2, true);
+        mark(&mut ledger, 2, Recorded::Finished);
         let why = ledger.check_invariants().unwrap_err();
         assert!(why.contains("not finished"), "{why}");
     }
