@@ -217,6 +217,19 @@ where
     /// [`lookup`](Self::lookup) for the request in `slot`.
     #[inline(always)]
     fn lookup_in(&mut self, slot: u32, key: &K, request: &R) -> Verdict<K> {
+        self.lookup_in_with(slot, key, request, |verdict| verdict)
+    }
+
+    /// [`lookup_in`](Self::lookup_in), handing the verdict to `emit` (see
+    /// [`verdict_with`](Self::verdict_with)).
+    #[inline(always)]
+    fn lookup_in_with<T>(
+        &mut self,
+        slot: u32,
+        key: &K,
+        request: &R,
+        emit: impl FnOnce(Verdict<K>) -> T,
+    ) -> T {
         // A scheduler asks about a request's blocks in the same order every
         // step: the key the request is expected to ask next is found
         // without hashing, by comparing it with the key in the expected
@@ -234,9 +247,9 @@ where
         {
             record.cursor = expected + 1;
             let entry = *entry;
-            return self.verdict(entry, key);
+            return self.verdict_with(entry, key, emit);
         }
-        self.lookup_hashed(slot, key, request)
+        emit(self.lookup_hashed(slot, key, request))
     }
 
     /// [`lookup_in`](Self::lookup_in) for a key that is not the one its
@@ -277,28 +290,37 @@ where
     /// The verdict a lookup of `key`, whose state is `entry`, gives.
     #[inline(always)]
     fn verdict(&mut self, entry: Entry, key: &K) -> Verdict<K> {
+        self.verdict_with(entry, key, |verdict| verdict)
+    }
+
+    /// The verdict on `entry`, handed to `emit` in each arm: a caller that
+    /// stores it (the batched call) then writes it in place, where a
+    /// verdict returned from the match would be assembled on the stack and
+    /// copied.
+    #[inline(always)]
+    fn verdict_with<T>(&mut self, entry: Entry, key: &K, emit: impl FnOnce(Verdict<K>) -> T) -> T {
         match entry.phase(self.flushed_below, self.overdue_below) {
             Phase::Pending | Phase::InFlight => {
                 self.stats.pending += 1;
-                Verdict::Pending
+                emit(Verdict::Pending)
             }
             Phase::Resolved { found: true } => {
                 self.stats.hits += 1;
-                Verdict::Hit(Ticket {
+                emit(Verdict::Hit(Ticket {
                     key: key.clone(),
                     generation: entry.generation(),
                     table: self.id,
-                })
+                }))
             }
             Phase::Resolved { found: false } => {
                 self.stats.misses += 1;
-                Verdict::Miss
+                emit(Verdict::Miss)
             }
             Phase::Overdue => {
                 // L13: past its budget, the scheduler computes the block.
                 self.stats.misses += 1;
                 self.stats.deadline_misses += 1;
-                Verdict::Miss
+                emit(Verdict::Miss)
             }
         }
     }
@@ -329,10 +351,13 @@ where
         if keys.is_empty() {
             return 0; // and the request is not registered, as by no lookup
         }
-        // The request's slot found once, and one capacity check for all
-        // keys (the slice's map has an exact length).
+        // The request's slot found once, room for all verdicts made once,
+        // and each verdict written where it belongs.
         let slot = self.slot_for(request.id());
-        verdicts.extend(keys.iter().map(|key| self.lookup_in(slot, key, request)));
+        verdicts.reserve(keys.len());
+        for key in keys {
+            self.lookup_in_with(slot, key, request, |verdict| verdicts.push(verdict));
+        }
         // guard: L12-leading-hits-stop-at-the-first-non-hit
         verdicts
             .iter()
