@@ -65,6 +65,22 @@ mod bench {
         table
     }
 
+    /// A table where requests `0..requests` each asked for every key, all
+    /// answered.
+    fn shared_by(requests: u64, keys: &[u64]) -> Table {
+        let mut table = Table::new();
+        for request in 0..requests {
+            for key in keys {
+                table.lookup(key, &request);
+            }
+        }
+        let submission = table.take_submission().expect("new keys");
+        for result in answers(submission) {
+            table.apply(result);
+        }
+        table
+    }
+
     fn resolved(keys: &[u64]) -> Table {
         let mut table = looked_up(keys);
         let submission = table.take_submission().expect("new keys");
@@ -151,31 +167,13 @@ mod bench {
         measured_lookup_known(&mut table, &keys);
         ops("lookup_known", BATCH);
 
-        let mut shared = Table::new();
-        for request in 0..32 {
-            for key in &keys {
-                shared.lookup(key, &request);
-            }
-        }
-        let submission = shared.take_submission().expect("new keys");
-        for result in answers(submission) {
-            shared.apply(result);
-        }
+        let mut shared = shared_by(32, &keys);
         measured_lookup_known_32_requesters(&mut shared, &keys);
         ops("lookup_known_32_requesters", BATCH);
 
         // A new request asking for keys 31 others asked for (a shared
         // prefix): it joins each key's requester list.
-        let mut joined = Table::new();
-        for request in 0..31 {
-            for key in &keys {
-                joined.lookup(key, &request);
-            }
-        }
-        let submission = joined.take_submission().expect("new keys");
-        for result in answers(submission) {
-            joined.apply(result);
-        }
+        let mut joined = shared_by(31, &keys);
         measured_lookup_join_31_requesters(&mut joined, &keys);
         ops("lookup_join_31_requesters", BATCH);
 
