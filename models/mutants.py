@@ -404,6 +404,18 @@ MUTATIONS = [
         TEST + ["--features", "tokio", "--test", "tokio_driver", "a_running_probe_whose_request_was_cleaned_up"],
     ),
     Mutation(
+        "L16-no-join-on-the-worker",
+        "a thread prober dropped inside its own backend call joins its worker, that is itself",
+        [("if on_worker {", "if false {")],
+        TEST + ["--test", "driver", "a_lookup_dropped_inside_its_own_backend_call"],
+    ),
+    Mutation(
+        "L16-no-wait-on-the-worker",
+        "wait_idle inside a backend call waits for the call making it",
+        [("if self.on_worker() {", "if false {")],
+        TEST + ["--test", "driver", "waiting_for_the_worker_from_inside_a_backend_call"],
+    ),
+    Mutation(
         "S2-aggregator-needs-a-worker",
         "an aggregator for no workers is built (and can never free a request)",
         [("if workers == 0 {", "if false {")],

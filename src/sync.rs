@@ -82,7 +82,7 @@ mod imp {
     }
 
     pub(crate) mod thread {
-        pub(crate) use std::thread::{Builder, JoinHandle};
+        pub(crate) use std::thread::{Builder, JoinHandle, current};
     }
 }
 
@@ -155,7 +155,7 @@ macro_rules! checked_primitives {
         }
 
         pub(crate) mod thread {
-            pub(crate) use $checker::thread::{Builder, JoinHandle};
+            pub(crate) use $checker::thread::{Builder, JoinHandle, current};
         }
     };
 }

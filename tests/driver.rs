@@ -498,3 +498,94 @@ fn with_a_time_budget_the_flush_reads_the_clock_and_a_stuck_key_becomes_a_miss()
     );
     assert_eq!(lookup.stats().late_answers, 1);
 }
+
+/// The lookup a backend can reach from inside its own calls, as a Python
+/// backend does through the manager that owns both.
+type Shared = std::sync::Arc<std::sync::Mutex<Option<ThreadLookup<u64, String>>>>;
+
+/// Sends on `gone` when the worker lets go of it, which it does as it exits.
+struct SignalsWhenDropped(std::sync::mpsc::Sender<()>);
+
+impl Drop for SignalsWhenDropped {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// Found by a Python test: the last owner of a lookup let go of it inside a
+/// backend call, so the lookup was dropped on its own worker thread, whose
+/// shutdown joined itself and panicked ("Resource deadlock avoided"). Now
+/// it asks the worker to stop after the call and returns; the worker
+/// finishes the queue (a group whose owner is gone still gets its call)
+/// and exits.
+#[test]
+fn a_lookup_dropped_inside_its_own_backend_call_does_not_join_itself() {
+    let shared: Shared = Default::default();
+    let (calls_tx, calls_rx) = channel();
+    let (dropped_tx, dropped_rx) = channel();
+    let (gone_tx, gone_rx) = channel();
+    let owner = shared.clone();
+    let exit_signal = SignalsWhenDropped(gone_tx);
+    let backend = move |keys: &[u64], request: &String| {
+        let _held = &exit_signal;
+        calls_tx.send(keys.to_vec()).unwrap();
+        if request == "drops" {
+            let lookup = owner.lock().unwrap().take();
+            assert!(lookup.is_some());
+            // Dropped here, on the worker, inside this call.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(lookup)));
+            dropped_tx.send(outcome.is_ok()).unwrap();
+        }
+        vec![true; keys.len()]
+    };
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
+    lookup.lookup(&1, &req("drops"));
+    lookup.lookup(&2, &req("queued"));
+    *shared.lock().unwrap() = Some(lookup);
+    shared.lock().unwrap().as_mut().unwrap().flush().unwrap();
+    let patience = std::time::Duration::from_secs(30);
+    assert_eq!(
+        dropped_rx.recv_timeout(patience),
+        Ok(true),
+        "dropping the lookup on its worker returned without panicking"
+    );
+    assert_eq!(
+        gone_rx.recv_timeout(patience),
+        Ok(()),
+        "the worker exited after the queue"
+    );
+    assert_eq!(calls_rx.try_iter().collect::<Vec<_>>(), [vec![1], vec![2]]);
+}
+
+/// `wait_idle` from inside a backend call would wait for the call making
+/// it: it is refused instead of hanging the worker for good.
+#[test]
+fn waiting_for_the_worker_from_inside_a_backend_call_is_refused() {
+    let shared: Shared = Default::default();
+    let (waited_tx, waited_rx) = channel();
+    let owner = shared.clone();
+    let backend = move |keys: &[u64], _request: &String| {
+        if let Some(lookup) = owner.lock().unwrap().as_mut() {
+            waited_tx.send(lookup.wait_idle()).unwrap();
+        }
+        vec![true; keys.len()]
+    };
+    let mut lookup = ThreadLookup::threaded(backend).unwrap();
+    lookup.lookup(&1, &req("a"));
+    *shared.lock().unwrap() = Some(lookup);
+    shared.lock().unwrap().as_mut().unwrap().flush().unwrap();
+    let patience = std::time::Duration::from_secs(30);
+    let waited = waited_rx
+        .recv_timeout(patience)
+        .expect("wait_idle returned");
+    assert!(
+        matches!(waited, Err(LookupError::OnWorker(_))),
+        "{waited:?}"
+    );
+    let mut lookup = shared.lock().unwrap().take().unwrap();
+    lookup.wait_idle().unwrap();
+    assert!(
+        lookup.lookup(&1, &req("a")).is_hit(),
+        "the call still answered"
+    );
+}

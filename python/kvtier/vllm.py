@@ -257,7 +257,8 @@ class AsyncLookupManager:
 
     def wait_idle(self) -> int:
         """Blocks (without the GIL) until every submitted group is answered.
-        For tests and orderly pauses."""
+        For tests and orderly pauses. From inside ``batch_lookup`` it would
+        wait for the call making it, so there it raises ``KvtierError``."""
         return self._lookup.wait_idle()
 
     def stats(self) -> dict[str, int]:

@@ -446,7 +446,9 @@ impl PyLookup {
 
     /// Blocks, with the GIL released, until the prober answered every group
     /// it was given, then applies the answers; returns how many groups. For
-    /// tests and orderly pauses, not for the scheduler's step.
+    /// tests and orderly pauses, not for the scheduler's step. Called from
+    /// inside a Python backend's call it raises `KvtierError` (a thread
+    /// prober's worker would wait for itself).
     fn wait_idle(&mut self, py: Python<'_>) -> PyResult<usize> {
         guard(|| {
             let lookup = self.open()?;

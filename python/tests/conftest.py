@@ -116,8 +116,8 @@ def _count_threads(prefix: str) -> int:
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
                 names.append(comm.read().strip())
-        except FileNotFoundError:
-            pass  # the thread exited meanwhile
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread exited meanwhile (ENOENT or ESRCH)
     return sum(name.startswith(prefix[:15]) for name in names)
 
 

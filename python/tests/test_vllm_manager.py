@@ -3,12 +3,14 @@ vLLM-shaped adapter, driven as vLLM's tier manager drives it."""
 
 from __future__ import annotations
 
-import gc
+import sys
+import threading
+import weakref
 
 import pytest
 
-from conftest import Request, ScriptedBackend, native_threads
-from kvtier import HIT, MISS, RETRY, Lookup, ShutdownError
+from conftest import PATIENCE, Request, ScriptedBackend, native_threads
+from kvtier import HIT, MISS, RETRY, KvtierError, Lookup, ShutdownError
 from kvtier.vllm import AsyncLookupManager
 
 
@@ -185,10 +187,67 @@ def test_a_native_prober_serves_the_manager(tmp_path):
 
 def test_a_dropped_manager_stops_its_worker(backend):
     tier = Tier(backend)
+    freed = weakref.ref(tier)
     tier.lookup(b"stored-1", Request("a"))
     tier.flush()
     assert native_threads("kvtier_lookup_s", expect=1) == 1
+    # The worker holds the manager weakly: no cycle, no collector needed.
+    # Whether the group was probed depends on whether the worker took it
+    # before the manager went (the test after this one pins that case).
     del tier
-    gc.collect()
     assert native_threads("kvtier_lookup_s", expect=0) == 0
-    assert backend.calls, "the queued group was probed before the worker stopped"
+    assert freed() is None
+
+
+def test_a_manager_freed_inside_its_own_batch_lookup(backend, monkeypatch):
+    """Found in CI: the worker's call holds the manager, so when the
+    scheduler lets go during a call, the manager (and the native lookup)
+    is freed on the worker, which then shut itself down by joining itself
+    and panicked. Now the worker finishes the call and exits."""
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    backend.gate("a")
+    tier = Tier(backend)
+    freed = weakref.ref(tier)
+    tier.lookup(b"stored-1", Request("a"))
+    tier.flush()
+    assert backend.started.wait(PATIENCE)
+    tier.lookup(b"stored-2", Request("b"))
+    tier.flush()
+    del tier
+    assert freed() is not None, "the running call holds the manager"
+    backend.release("a")
+    assert native_threads("kvtier_lookup_s", expect=0) == 0
+    assert freed() is None
+    assert unraisable == [], [hook.exc_value for hook in unraisable]
+    assert backend.calls == [("a", [b"stored-1"])], "b's group had no manager left to call"
+
+
+def test_wait_idle_inside_batch_lookup_raises_instead_of_waiting_for_itself():
+    raised: list[BaseException] = []
+    called = threading.Event()
+
+    class WaitsInItsCall(AsyncLookupManager):
+        def batch_lookup(self, keys, req_context):
+            try:
+                self.wait_idle()
+            except KvtierError as error:
+                raised.append(error)
+            finally:
+                called.set()
+            return [True] * len(keys)
+
+    tier = WaitsInItsCall("waits")
+    try:
+        tier.lookup(b"k", Request("a"))
+        tier.flush()
+        # Not tier.wait_idle() here: the lookup is borrowed while it waits,
+        # and the call's own wait_idle would then fail for that reason.
+        assert called.wait(PATIENCE), "the call ended"
+        assert [str(error) for error in raised] == [
+            "wait_idle was called from inside a backend call, on the worker it would wait for"
+        ]
+        tier.wait_idle()
+        assert tier.lookup(b"k", Request("a")) is HIT, "the call still answered"
+    finally:
+        tier.shutdown()

@@ -46,6 +46,11 @@ pub enum LookupError {
         /// Groups never published.
         groups: u64,
     },
+    /// A call that waits for the prober's worker was made on that worker,
+    /// from inside a backend call: it would wait for itself forever. The
+    /// field names the call.
+    #[error("{0} was called from inside a backend call, on the worker it would wait for")]
+    OnWorker(&'static str),
 }
 
 /// Where a prober publishes the result of each group it was given.

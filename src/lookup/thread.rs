@@ -51,7 +51,11 @@ struct Shared<K, R> {
 ///
 /// Shutdown lets the worker finish every queued submission and joins it:
 /// a backend call that never returns makes it wait forever (timeouts are
-/// the tokio prober's).
+/// the tokio prober's). A backend may own its lookup (a Python backend
+/// reaches the manager that holds it): dropped or shut down inside one of
+/// its calls, the prober asks the worker to stop after the queue and
+/// returns at once, and `wait_idle` there returns [`LookupError::OnWorker`]
+/// instead of waiting for the call that makes it.
 pub struct ThreadProber<K, R> {
     shared: Arc<Shared<K, R>>,
     worker: Option<thread::JoinHandle<()>>,
@@ -95,6 +99,13 @@ where
 }
 
 impl<K, R> ThreadProber<K, R> {
+    /// Whether this is the worker thread, inside a backend call.
+    fn on_worker(&self) -> bool {
+        self.worker
+            .as_ref()
+            .is_some_and(|worker| worker.thread().id() == thread::current().id())
+    }
+
     /// Submissions taken but not yet fully published: queued or being
     /// probed.
     pub fn outstanding_submissions(&self) -> u64 {
@@ -141,6 +152,10 @@ impl<K, R> Prober<K, R> for ThreadProber<K, R> {
     }
 
     fn wait_idle(&mut self) -> Result<(), LookupError> {
+        // guard: L16-no-wait-on-the-worker
+        if self.on_worker() {
+            return Err(LookupError::OnWorker("wait_idle"));
+        }
         let mut queue = self.shared.queue.lock();
         while queue.completed < queue.submitted {
             if let Some(reason) = &queue.exited {
@@ -152,11 +167,19 @@ impl<K, R> Prober<K, R> for ThreadProber<K, R> {
     }
 
     fn shutdown(&mut self) -> Result<(), LookupError> {
+        let on_worker = self.on_worker();
         let Some(worker) = self.worker.take() else {
             return Ok(());
         };
         self.shared.queue.lock().closing = true;
         self.shared.work_ready.notify_one();
+        // Dropped inside a backend call (its last owner let go there): the
+        // worker cannot join itself. It finishes this call and the queue,
+        // then exits on its own.
+        // guard: L16-no-join-on-the-worker
+        if on_worker {
+            return Ok(());
+        }
         worker
             .join()
             .map_err(|payload| LookupError::WorkerLost(take_panic(payload)))
