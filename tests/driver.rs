@@ -543,7 +543,7 @@ fn a_lookup_dropped_inside_its_own_backend_call_does_not_join_itself() {
     lookup.lookup(&2, &req("queued"));
     *shared.lock().unwrap() = Some(lookup);
     shared.lock().unwrap().as_mut().unwrap().flush().unwrap();
-    let patience = std::time::Duration::from_secs(30);
+    let patience = std::time::Duration::from_secs(10);
     assert_eq!(
         dropped_rx.recv_timeout(patience),
         Ok(true),
@@ -574,7 +574,7 @@ fn waiting_for_the_worker_from_inside_a_backend_call_is_refused() {
     lookup.lookup(&1, &req("a"));
     *shared.lock().unwrap() = Some(lookup);
     shared.lock().unwrap().as_mut().unwrap().flush().unwrap();
-    let patience = std::time::Duration::from_secs(30);
+    let patience = std::time::Duration::from_secs(10);
     let waited = waited_rx
         .recv_timeout(patience)
         .expect("wait_idle returned");
