@@ -503,7 +503,8 @@ fn with_a_time_budget_the_flush_reads_the_clock_and_a_stuck_key_becomes_a_miss()
 /// backend does through the manager that owns both.
 type Shared = std::sync::Arc<std::sync::Mutex<Option<ThreadLookup<u64, String>>>>;
 
-/// Sends on `gone` when the worker lets go of it, which it does as it exits.
+/// Sends once when dropped: a backend holding one lets go of it as its
+/// worker exits.
 struct SignalsWhenDropped(std::sync::mpsc::Sender<()>);
 
 impl Drop for SignalsWhenDropped {
