@@ -20,8 +20,10 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod inspect;
 mod lookup;
 mod save;
+mod transfers;
 
 /// The extension module. Its names are re-exported by the `kvtier` package.
 #[pymodule]
@@ -30,6 +32,8 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
     lookup::register(module)?;
     save::register(module)?;
+    transfers::register(module)?;
+    module.add_class::<inspect::LookupInspector>()?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

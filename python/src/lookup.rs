@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use kvtier::lookup::{
-    Backend, LookupError, LookupLimits, LookupStats, Prober, Refused, Submission, ThreadProber,
-    TokioConfig, TokioProber,
+    Backend, LookupError, LookupLimits, LookupStats, LookupTable, Prober, Refused, Submission,
+    ThreadProber, TokioConfig, TokioProber,
 };
 use kvtier::tier::{S3Options, VllmFsLayout};
 use kvtier::{FsTier, Lookup, ObjectTier, Verdict};
@@ -19,7 +19,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::errors::{ShutdownError, config, guard, lookup_error, tier_error};
 
 /// A block key as vLLM names it: the block hash and the group index.
-type Key = Vec<u8>;
+pub(crate) type Key = Vec<u8>;
 
 /// Whichever prober a [`PyLookup`] was built with.
 struct AnyProber(Box<dyn Prober<Key, String> + Send + Sync>);
@@ -141,11 +141,12 @@ fn seconds(value: f64) -> PyResult<Duration> {
     })
 }
 
-fn verdict(verdict: &Verdict<Key>) -> Option<bool> {
+/// Which of a lookup's three answers a verdict is (see [`PyLookup::answers`]).
+fn answer(verdict: &Verdict<Key>) -> usize {
     match verdict {
-        Verdict::Hit(_) => Some(true),
-        Verdict::Miss => Some(false),
-        Verdict::Pending => None,
+        Verdict::Hit(_) => 0,
+        Verdict::Miss => 1,
+        Verdict::Pending => 2,
     }
 }
 
@@ -164,6 +165,12 @@ fn verdict(verdict: &Verdict<Key>) -> Option<bool> {
 #[pyclass(module = "kvtier._native", name = "Lookup", weakref)]
 pub(crate) struct PyLookup {
     inner: Option<AnyLookup>,
+    /// The table the prober left at `shutdown`, for the read-only views.
+    stopped: Option<LookupTable<Key, String>>,
+    /// What `lookup` returns for a hit, a miss and a key not known yet:
+    /// `True`, `False`, `None`, or the objects `set_verdicts` gave (vLLM's
+    /// `LookupResult` members), so no Python code runs to translate them.
+    answers: [Py<PyAny>; 3],
     /// The last request id object seen and its Rust copy: a scheduler asks
     /// for one request's keys in a row with the same `str` object.
     last_request: Option<(Py<PyAny>, String)>,
@@ -186,16 +193,23 @@ impl PyLookup {
         make: impl FnOnce() -> Result<AnyLookup, LookupError>,
     ) -> PyResult<Py<Self>> {
         let inner = make().map_err(lookup_error)?;
-        let lookup = Self {
-            inner: Some(inner),
-            last_request: None,
-            key: Vec::new(),
-            keys: Vec::new(),
-            verdicts: Vec::new(),
-            describe,
-            backend,
-        };
         Python::attach(|py| {
+            let answers = [
+                true.into_pyobject(py)?.to_owned().into_any().unbind(),
+                false.into_pyobject(py)?.to_owned().into_any().unbind(),
+                py.None(),
+            ];
+            let lookup = Self {
+                inner: Some(inner),
+                stopped: None,
+                answers,
+                last_request: None,
+                key: Vec::new(),
+                keys: Vec::new(),
+                verdicts: Vec::new(),
+                describe,
+                backend,
+            };
             let lookup = Py::new(py, lookup)?;
             live(py)?.call_method1("add", (&lookup,))?;
             Ok(lookup)
@@ -215,6 +229,24 @@ impl PyLookup {
 
     fn open(&mut self) -> PyResult<&mut AnyLookup> {
         self.inner.as_mut().ok_or_else(closed)
+    }
+
+    /// The table, while running or as `shutdown` left it.
+    pub(crate) fn table(&self) -> Option<&LookupTable<Key, String>> {
+        match &self.inner {
+            Some(lookup) => Some(lookup.table()),
+            None => self.stopped.as_ref(),
+        }
+    }
+
+    /// Whether the lookup was shut down.
+    pub(crate) fn table_is_final(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// Whether answers were published that no call has applied yet.
+    pub(crate) fn has_published(&self) -> bool {
+        self.inner.as_ref().is_some_and(AnyLookup::has_published)
     }
 }
 
@@ -370,13 +402,14 @@ impl PyLookup {
     /// (hit: load the block), `False` (miss: compute it) or `None` (not
     /// known yet: ask again next step). A new key is probed after the next
     /// `flush()`; a key is probed once however many requests ask.
-    fn lookup(&mut self, key: &[u8], request: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+    fn lookup(&mut self, key: &[u8], request: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         guard(|| {
             self.remember_request(request)?;
             let Self {
                 inner,
                 last_request,
                 key: buffer,
+                answers,
                 ..
             } = self;
             let (Some(lookup), Some((_, id))) = (inner.as_mut(), last_request.as_ref()) else {
@@ -384,8 +417,23 @@ impl PyLookup {
             };
             buffer.clear();
             buffer.extend_from_slice(key);
-            Ok(verdict(&lookup.lookup(buffer, id)))
+            let verdict = lookup.lookup(buffer, id);
+            Ok(answers[answer(&verdict)].clone_ref(request.py()))
         })
+    }
+
+    /// Makes `lookup` and `lookup_many` answer `hit`, `miss` and `retry`
+    /// (instead of `True`, `False`, `None`): vLLM's `LookupResult.HIT`,
+    /// `MISS` and `RETRY`, so a tier can hand its scheduler this lookup's
+    /// `lookup` method as it is.
+    fn set_verdicts(&mut self, hit: Py<PyAny>, miss: Py<PyAny>, retry: Py<PyAny>) {
+        self.answers = [hit, miss, retry];
+    }
+
+    /// A read-only view of the table for tools and compatibility layers
+    /// (see `kvtier.vllm`): key states, requests, the batch to flush.
+    fn inspect(slf: Py<Self>) -> crate::inspect::LookupInspector {
+        crate::inspect::LookupInspector::new(slf)
     }
 
     /// A request's keys in one call: `(verdicts, leading_hits)`, the list
@@ -425,7 +473,8 @@ impl PyLookup {
                 count += 1;
             }
             let leading = lookup.lookup_all(&buffers[..count], id, verdicts);
-            let list = PyList::new(py, verdicts.iter().map(verdict))?;
+            let answers = &self.answers;
+            let list = PyList::new(py, verdicts.iter().map(|v| answers[answer(v)].bind(py)))?;
             (list, leading).into_pyobject(py)
         })
     }
@@ -527,15 +576,13 @@ impl PyLookup {
 
     /// Keys the table holds.
     fn __len__(&self) -> PyResult<usize> {
-        guard(|| Ok(self.inner.as_ref().map_or(0, |lookup| lookup.table().len())))
+        guard(|| Ok(self.table().map_or(0, LookupTable::len)))
     }
 
     /// Live requests the table holds.
     #[getter]
     fn request_count(&self) -> usize {
-        self.inner
-            .as_ref()
-            .map_or(0, |lookup| lookup.table().request_count())
+        self.table().map_or(0, LookupTable::request_count)
     }
 
     /// Whether `shutdown()` was called.
@@ -554,10 +601,18 @@ impl PyLookup {
                 return Ok(None);
             };
             // guard: P2-shutdown-lets-go-of-the-gil
-            let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));
+            let stopped = py.detach(move || lookup.shutdown());
             match stopped {
-                Ok(stats) => Ok(Some(stats_dict(py, &stats)?)),
-                Err(error) => Err(ShutdownError::new_err(error.to_string())),
+                Ok(table) => {
+                    let stats = stats_dict(py, &table.stats())?;
+                    self.stopped = Some(table);
+                    Ok(Some(stats))
+                }
+                Err(error) => {
+                    let (error, table) = error.into_parts();
+                    self.stopped = Some(table);
+                    Err(ShutdownError::new_err(error.to_string()))
+                }
             }
         })
     }
@@ -570,6 +625,9 @@ impl PyLookup {
         if let Some((request, _)) = &self.last_request {
             visit.call(request)?;
         }
+        for answer in &self.answers {
+            visit.call(answer)?;
+        }
         Ok(())
     }
 
@@ -577,6 +635,7 @@ impl PyLookup {
     fn __clear__(&mut self) {
         self.last_request = None;
         self.backend = None;
+        self.answers = Python::attach(|py| [py.None(), py.None(), py.None()]);
         stop_quietly(self.inner.take());
     }
 

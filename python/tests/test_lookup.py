@@ -76,23 +76,23 @@ def test_a_missing_rank_directory_means_misses_not_errors(tmp_path):
 def test_the_layout_helpers_follow_vllms_rule(tmp_path):
     settings = dict(
         model_name="meta-llama/Llama-3-8B",
-        hash_block_size=16,
-        gpu_blocks_per_file=1,
+        tokens_per_hash=16,
+        blocks_per_file=1,
         dtype="bfloat16",
         tp_size=2,
-        kv_cache_groups=[{"block_size": 16, "layer_names": ["l0", "l1"]}],
+        kv_cache_groups=[{"tokens_per_block": 16, "layer_names": ["l0", "l1"]}],
     )
     # The run's settings as canonical JSON, written out by hand.
     canonical = (
-        '{"dcp_size":1,"dtype":"bfloat16","gpu_blocks_per_file":1,"hash_block_size":16,'
-        '"inference_engine":"vllm","kv_cache_groups":[{"block_size":16,"layer_names":'
-        '["l0","l1"]}],"model_name":"meta-llama/Llama-3-8B","pcp_size":1,"pp_size":1,'
-        '"tp_size":2}'
+        '{"blocks_per_file":1,"dcp_size":1,"dtype":"bfloat16","inference_engine":"vllm",'
+        '"kv_cache_groups":[{"layer_names":["l0","l1"],"tokens_per_block":16}],'
+        '"model_name":"meta-llama/Llama-3-8B","parallel_agnostic":false,"pcp_size":1,'
+        '"pp_size":1,"tokens_per_hash":16,"tp_size":2}'
     )
     assert json.loads(canonical)["tp_size"] == 2
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     base = base_dir(tmp_path, **settings)
-    assert base == os.path.join(tmp_path, f"meta-llama_Llama-3-8B_{digest}")
+    assert base == f"{tmp_path}/meta-llama_Llama-3-8B_{digest}"
     assert rank_dir(tmp_path, rank=1, **settings) == base + "_r1"
     agnostic = rank_dir(tmp_path, rank=1, parallel_agnostic=True, **settings)
     assert agnostic.endswith("_r0") and agnostic != base + "_r0"
@@ -103,6 +103,40 @@ def test_the_layout_helpers_follow_vllms_rule(tmp_path):
         split_key(b"\x00\x00\x00\x03")
     with pytest.raises(ValueError):
         make_key(b"", 0)
+
+
+# The base directories vLLM 0.32's own FileMapper gives for these settings
+# (rank 1, root /kv), read off vLLM: what base_dir must reproduce without
+# vLLM installed. python/integration checks the rule against the FileMapper
+# itself, over many more settings.
+VLLM_0_32_BASES = [
+    (dict(tp_size=2), "/kv/meta-llama_Llama-3-8B_46937cc53ccc", 1),
+    (dict(tp_size=2, parallel_agnostic=True), "/kv/meta-llama_Llama-3-8B_cd942e8f7a18", 0),
+    (dict(replicated_layout=True, canonical_format="c1"), "/kv/meta-llama_Llama-3-8B_e27d92c2e414", 1),
+]
+
+
+@pytest.mark.parametrize(("extra", "base", "rank"), VLLM_0_32_BASES)
+def test_base_dir_matches_vllm_0_32s_file_mapper(extra, base, rank):
+    settings = dict(
+        model_name="meta-llama/Llama-3-8B",
+        tokens_per_hash=16,
+        blocks_per_file=1,
+        dtype="bfloat16",
+        kv_cache_groups=[{"tokens_per_block": 16, "layer_names": ["l0", "l1"]}],
+        **extra,
+    )
+    assert base_dir("/kv", **settings) == base
+    assert rank_dir("/kv", rank=1, **settings) == f"{base}_r{rank}"
+
+
+def test_the_settings_of_older_vllms_are_refused():
+    # hash_block_size and gpu_blocks_per_file are what vLLM hashed before
+    # 0.32: a directory computed from them holds none of 0.32's blocks.
+    with pytest.raises(TypeError):
+        base_dir("/kv", model_name="m", hash_block_size=16, gpu_blocks_per_file=1, dtype="f")
+    with pytest.raises(ValueError, match="0.32"):
+        base_dir("/kv", model_name="m", tokens_per_hash=16, blocks_per_file=1, dtype="f", vllm="0.31")
 
 
 # kvtier's own tiers --------------------------------------------------------

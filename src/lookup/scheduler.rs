@@ -315,6 +315,14 @@ where
         }
     }
 
+    /// Whether group results were published that no call has applied yet.
+    /// One atomic load; for compatibility views and tools (every scheduler
+    /// call applies them first anyway).
+    #[doc(hidden)]
+    pub fn has_published(&self) -> bool {
+        !self.published.stack.is_empty()
+    }
+
     /// Applies every group result published so far; returns how many.
     #[inline]
     pub fn drain(&mut self) -> usize {

@@ -9,7 +9,7 @@ use hashbrown::{HashMap, HashSet};
 
 use super::running::{OneOrMany, Running};
 use super::stats::{SaveLatency, SaveStats};
-use super::task::{TaskError, TaskId};
+use super::task::{SaveOutcome, TaskError, TaskId};
 use super::tracker::StepError;
 
 /// Above this many requests per task, duplicates are found with a set.
@@ -75,6 +75,9 @@ struct RequestState {
     recorded: Recorded,
     /// The running tasks reading its blocks; `None` when none is.
     tasks: Option<OneOrMany<TaskId>>,
+    /// A task reading its blocks ended badly, or a save for it was
+    /// refused: reported as [`SaveOutcome::Failed`].
+    failed: bool,
 }
 
 impl RequestState {
@@ -183,6 +186,15 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     {
         self.stats.steps += 1;
         self.next_step += 1;
+        self.record(requests);
+    }
+
+    /// Records saving requests: from now on their free is delayed. A
+    /// request recorded already is left as it is.
+    pub(crate) fn record<'r>(&mut self, requests: impl IntoIterator<Item = &'r R>)
+    where
+        R: 'r,
+    {
         for request in requests {
             match self.requests.get_mut(request) {
                 Some(state) if state.recorded != Recorded::No => continue,
@@ -191,6 +203,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
                     let state = RequestState {
                         recorded: Recorded::Saving,
                         tasks: None,
+                        failed: false,
                     };
                     self.requests.insert(request.clone(), state);
                 }
@@ -253,6 +266,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
                 let state = RequestState {
                     recorded: Recorded::No,
                     tasks: Some(OneOrMany::One(task)),
+                    failed: false,
                 };
                 self.requests.insert(request.clone(), state);
                 false
@@ -267,10 +281,19 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         }
     }
 
-    /// A submission the store refused: nothing runs, the requests stay
-    /// recorded and are reported when they finish.
-    pub(crate) fn submit_failed(&mut self) {
+    /// A submission for `requests` the store refused: nothing runs, the
+    /// requests stay recorded and are reported, as failed, when they finish.
+    pub(crate) fn submit_failed(&mut self, requests: &[R])
+    where
+        R: Eq + Hash,
+    {
         self.stats.submit_failures += 1;
+        for request in requests {
+            if let Some(state) = self.requests.get_mut(request) {
+                // guard: S13-refused-save-is-a-failure
+                state.failed = true;
+            }
+        }
     }
 
     /// Checks every running task with `check`, in ascending id order, and
@@ -321,8 +344,9 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         };
         let (ended, at) = wait(value);
         self.latency.record(at.saturating_duration_since(opened));
+        let failed = !matches!(ended, Ended::Returned(Ok(())));
         // guard: S2-failed-wait-closes-task
-        self.unlink(task, members.as_slice());
+        self.unlink(task, members.as_slice(), failed);
         match how {
             Closed::Reaped => self.stats.tasks_reaped += 1,
             Closed::Waited => self.stats.tasks_waited += 1,
@@ -337,12 +361,17 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         true
     }
 
-    /// Removes `task` from the running tasks of each of its `members`; a
-    /// request left with neither a task nor a record leaves the ledger.
-    fn unlink(&mut self, task: TaskId, members: &[R]) {
+    /// Removes `task` from the running tasks of each of its `members`
+    /// (marking them failed when the task `failed`); a request left with
+    /// neither a task nor a record leaves the ledger.
+    fn unlink(&mut self, task: TaskId, members: &[R], failed: bool) {
         for request in members {
-            if let Some(state) = self.requests.get_mut(request)
-                && let Some(running) = &mut state.tasks
+            let Some(state) = self.requests.get_mut(request) else {
+                continue;
+            };
+            // guard: S13-failed-task-fails-its-requests
+            state.failed |= failed;
+            if let Some(running) = &mut state.tasks
                 && running.remove(&task)
             {
                 state.tasks = None;
@@ -406,11 +435,11 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         self.tasks.iter().map(|(id, _)| id)
     }
 
-    /// Takes the finished requests none of whose tasks is running (S1), in
-    /// the order they finished; each leaves the ledger, so it is reported
-    /// once (S2).
-    pub(crate) fn take_reportable(&mut self) -> Vec<R> {
-        let mut reportable = Vec::new();
+    /// Hands `emit` the finished requests none of whose tasks is running
+    /// (S1), in the order they finished, each with how its saves went; each
+    /// leaves the ledger, so it is reported once (S2). Returns how many.
+    pub(crate) fn take_reportable(&mut self, mut emit: impl FnMut(R, SaveOutcome)) -> usize {
+        let mut reported = 0;
         let requests = &mut self.requests;
         self.finishing.retain(|request| {
             // guard: S1-report-while-running
@@ -418,26 +447,29 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             if requests.get(request).is_some_and(RequestState::has_tasks) {
                 return true;
             }
-            requests.remove(request);
-            reportable.push(request.clone());
+            let outcome = match requests.remove(request) {
+                Some(state) if state.failed => SaveOutcome::Failed,
+                _ => SaveOutcome::Saved,
+            };
+            emit(request.clone(), outcome);
+            reported += 1;
             false
         });
-        self.recorded -= reportable.len();
-        self.stats.reported += reportable.len() as u64;
-        reportable
+        self.recorded -= reported;
+        self.stats.reported += reported as u64;
+        reported
     }
 
     /// Reports what [`take_reportable`](Self::take_reportable) gives, and
     /// counts how many of `started` (the requests that started finishing
     /// in this call) must still wait for a task.
-    pub(crate) fn report(&mut self, started: &[R]) -> Vec<R> {
-        let reported = self.take_reportable();
+    pub(crate) fn report(&mut self, started: &[R], emit: impl FnMut(R, SaveOutcome)) {
+        self.take_reportable(emit);
         let left = started
             .iter()
             .filter(|request| self.is_finishing(request))
             .count();
         self.stats.deferred += left as u64;
-        reported
     }
 
     /// Whether `request` is recorded and not reported yet.
@@ -453,6 +485,14 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     /// Whether `request` has finished and waits for a task.
     pub(crate) fn is_finishing(&self, request: &R) -> bool {
         self.recorded_as(request) == Some(Recorded::Finished)
+    }
+
+    /// The requests recorded and not reported yet.
+    pub(crate) fn recorded(&self) -> impl Iterator<Item = &R> + '_ {
+        self.requests
+            .iter()
+            .filter(|(_, state)| state.recorded != Recorded::No)
+            .map(|(request, _)| request)
     }
 
     pub(crate) fn recorded_count(&self) -> usize {
@@ -532,6 +572,13 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
 mod tests {
     use super::*;
 
+    /// The requests `take_reportable` hands over.
+    fn reportable<T>(ledger: &mut SaveLedger<u64, T>) -> Vec<u64> {
+        let mut out = Vec::new();
+        ledger.take_reportable(|request, _| out.push(request));
+        out
+    }
+
     fn ok_now(_: ()) -> (Ended, Instant) {
         (Ended::Returned(Ok(())), Instant::now())
     }
@@ -593,6 +640,7 @@ mod tests {
             RequestState {
                 recorded: Recorded::No,
                 tasks: Some(OneOrMany::Many(Vec::new())),
+                failed: false,
             },
         );
         let why = ledger.check_invariants().unwrap_err();
@@ -605,6 +653,7 @@ mod tests {
         let nothing = RequestState {
             recorded: Recorded::No,
             tasks: None,
+            failed: false,
         };
         ledger.requests.insert(7, nothing);
         let why = ledger.check_invariants().unwrap_err();
@@ -635,11 +684,11 @@ mod tests {
         );
         assert!(ledger.close_task(early, None, Closed::Reaped, ok_now));
         assert!(
-            ledger.take_reportable().is_empty(),
+            reportable(&mut ledger).is_empty(),
             "`late` still reads both"
         );
         assert!(ledger.close_task(late, None, Closed::Reaped, ok_now));
-        assert_eq!(ledger.take_reportable(), vec![5, 6]);
+        assert_eq!(reportable(&mut ledger), vec![5, 6]);
         assert_eq!(ledger.recorded_count(), 0);
         assert!(ledger.requests.is_empty());
         ledger.check_invariants().unwrap();

@@ -48,6 +48,18 @@ impl TaskError {
     }
 }
 
+/// How the saves of a reported request went (see
+/// [`SaveTracker::get_finished_outcomes`](crate::SaveTracker::get_finished_outcomes)).
+/// Either way no save reads the request's blocks any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SaveOutcome {
+    /// Every task that read its blocks completed successfully.
+    Saved,
+    /// A task that read its blocks failed, timed out, was abandoned or
+    /// panicked, or the store refused a save of them.
+    Failed,
+}
+
 /// One asynchronous save (dump) submitted to a store: something that reads
 /// KV blocks on its own time and can be asked whether it is done.
 ///

@@ -11,7 +11,7 @@ use super::ledger::{Check, Closed, Ended, SaveLedger};
 use super::report::WorkerReport;
 use super::scheduler::SaveStep;
 use super::stats::{SaveLatency, SaveStats};
-use super::task::{StoreTask, TaskId};
+use super::task::{SaveOutcome, StoreTask, TaskId};
 use crate::fault::take_panic;
 use crate::invariant::InvariantViolation;
 
@@ -194,7 +194,7 @@ where
     /// blocks, so they are reported as soon as they finish. `error` (which
     /// may own the refused task's handle) is logged and dropped here.
     pub fn submit_failed(&mut self, requests: &[R], error: impl Display) {
-        self.ledger.submit_failed();
+        self.ledger.submit_failed(requests);
         tracing::warn!(?requests, %error, "the store refused a save; the requests will be reported when they finish");
     }
 
@@ -237,6 +237,42 @@ where
     /// Every returned id was recorded by a step, and no task reading its
     /// blocks is still running; every recorded id is returned exactly once.
     pub fn get_finished(&mut self, finished: &[R]) -> Vec<R> {
+        let mut reported = Vec::new();
+        self.finished_into(finished, |request, _| reported.push(request));
+        reported
+    }
+
+    /// [`get_finished`](Self::get_finished), with how each reported
+    /// request's saves went: [`SaveOutcome::Failed`] when a task reading its
+    /// blocks ended badly or a save of them was refused. For an owner that
+    /// acts on a failed save (a tier that reports its transfer jobs).
+    ///
+    /// ```
+    /// use kvtier::save::{CompletionTask, SaveOutcome, TaskError};
+    /// use kvtier::SaveTracker;
+    ///
+    /// let mut jobs = SaveTracker::new();
+    /// jobs.record(&[1u64, 2]); // two transfer jobs, their own scheduler
+    /// let (good, done) = CompletionTask::new(());
+    /// let (bad, failed) = CompletionTask::new(());
+    /// jobs.submit(good, &[1]);
+    /// jobs.submit(bad, &[2]);
+    /// done.succeed();
+    /// failed.fail(TaskError::failed("disk full"));
+    /// assert_eq!(
+    ///     jobs.get_finished_outcomes(&[1, 2]),
+    ///     vec![(1, SaveOutcome::Saved), (2, SaveOutcome::Failed)],
+    /// );
+    /// ```
+    pub fn get_finished_outcomes(&mut self, finished: &[R]) -> Vec<(R, SaveOutcome)> {
+        let mut reported = Vec::new();
+        self.finished_into(finished, |request, outcome| {
+            reported.push((request, outcome))
+        });
+        reported
+    }
+
+    fn finished_into(&mut self, finished: &[R], emit: impl FnMut(R, SaveOutcome)) {
         let started = self.ledger.finish(finished);
         // guard: S1-blocking-mode-waits
         if self.mode == CompletionMode::Blocking {
@@ -245,7 +281,7 @@ where
             }
         }
         self.poll();
-        self.ledger.report(&started)
+        self.ledger.report(&started, emit);
     }
 
     /// Ends a step on this worker: reports the requests of the step's
@@ -278,11 +314,32 @@ where
     /// Waits for every running task and reports every finished request; for
     /// an orderly shutdown. Requests that have not finished stay tracked.
     pub fn wait_all(&mut self) -> Vec<R> {
+        self.wait_running();
+        let mut reported = Vec::new();
+        self.ledger
+            .take_reportable(|request, _| reported.push(request));
+        reported
+    }
+
+    /// Waits for every running task and reports nothing: the finished
+    /// requests are reported by the next `get_finished`. Afterwards no task
+    /// of this tracker touches any block. Returns how many tasks it waited.
+    pub fn wait_running(&mut self) -> usize {
         let running: Vec<TaskId> = self.ledger.running().collect();
-        for id in running {
-            self.close(id, Closed::Waited);
+        for id in &running {
+            self.close(*id, Closed::Waited);
         }
-        self.ledger.take_reportable()
+        running.len()
+    }
+
+    /// Records `requests` as a step would, outside the step sequence: their
+    /// free is delayed until this tracker reports them. For an owner that is
+    /// its own scheduler, in one process, such as a tier reporting its
+    /// transfer jobs; a worker of a [`SaveScheduler`](crate::SaveScheduler)
+    /// takes its steps with [`begin_step`](Self::begin_step) instead. No
+    /// preemption fence runs.
+    pub fn record(&mut self, requests: &[R]) {
+        self.ledger.record(requests);
     }
 
     /// A snapshot of the counters.
@@ -312,6 +369,11 @@ where
     /// and not reported yet.
     pub fn is_tracked(&self, request: &R) -> bool {
         self.ledger.is_recorded(request)
+    }
+
+    /// The requests recorded and not reported yet, in no particular order.
+    pub fn tracked(&self) -> impl Iterator<Item = &R> + '_ {
+        self.ledger.recorded()
     }
 
     /// Finished requests waiting for their tasks, in the order they finished.

@@ -34,6 +34,15 @@ pub enum Corruption {
     /// The payload does not match its checksum.
     #[error("checksum mismatch: the payload is damaged")]
     Checksum,
+    /// A raw block (vLLM's format: the bytes alone, no header) whose size is
+    /// not the tier's block size.
+    #[error("a raw block of {found} bytes where the tier's blocks are {expected} bytes")]
+    BlockSize {
+        /// The tier's block size.
+        expected: u64,
+        /// Bytes present.
+        found: u64,
+    },
     /// The header promises a payload above the tier's maximum block size:
     /// refused before anything is read or allocated for it.
     #[error("the header promises {length} bytes, above the {limit}-byte block limit")]

@@ -438,7 +438,7 @@ pub(super) fn exists(path: &Path, follow: bool) -> Result<bool, TierError> {
 
 /// Nothing there: not found, or a shard "directory" that is a file, below
 /// which nothing can be stored.
-fn is_absent(error: &io::Error) -> bool {
+pub(super) fn is_absent(error: &io::Error) -> bool {
     matches!(
         error.kind(),
         io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
@@ -465,7 +465,7 @@ fn is_temp_name(name: &str) -> bool {
 /// Opens a block for reading without blocking (a FIFO opened for reading
 /// waits for a writer, unless opened non-blocking) and, unless links are
 /// followed, without following a link at the block's name.
-fn open_for_read(path: &Path, follow: bool) -> io::Result<File> {
+pub(super) fn open_for_read(path: &Path, follow: bool) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -488,7 +488,7 @@ fn is_link_refused(error: &io::Error) -> bool {
 }
 
 /// What a non-regular file is, for errors.
-fn kind_of(kind: &fs::FileType) -> &'static str {
+pub(super) fn kind_of(kind: &fs::FileType) -> &'static str {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
@@ -629,11 +629,15 @@ fn temp_suffix() -> u64 {
     hasher.finish()
 }
 
-/// Creates a new temporary file next to `path`, exclusively.
-fn create_temp(path: &Path, name: &str) -> Result<(File, PathBuf), TierError> {
+/// Creates a new temporary file next to `path`, exclusively, named
+/// `temp_name(suffix)` for a fresh random suffix (retried on a collision).
+pub(super) fn create_temp(
+    path: &Path,
+    temp_name: impl Fn(u64) -> String,
+) -> Result<(File, PathBuf), TierError> {
     let mut last_error = None;
     for _ in 0..8 {
-        let tmp = path.with_file_name(format!("{name}.{:016x}.tmp", temp_suffix()));
+        let tmp = path.with_file_name(temp_name(temp_suffix()));
         let mut options = OpenOptions::new();
         options.write(true).create_new(true);
         #[cfg(unix)]
@@ -672,7 +676,7 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
     }
     create_shards(path, inner.follow_symlinks)?;
     // guard: F1-atomic-publish
-    let (mut file, tmp) = create_temp(path, &name)?;
+    let (mut file, tmp) = create_temp(path, |suffix| format!("{name}.{suffix:016x}.tmp"))?;
     let written = (|| {
         // Header and payload written separately: the payload is not copied.
         file.write_all(&format::header(payload))?;

@@ -3,7 +3,9 @@
 //! `object-store`: S3 and S3-compatible servers, local files, memory).
 //!
 //! [`VllmFsLayout`] (feature `fs`) reads the layout of vLLM's own fs tier,
-//! for lookups of the blocks vLLM wrote.
+//! for lookups of the blocks vLLM wrote; [`VllmTransfers`] stores and loads
+//! vLLM's raw block files between the primary tier's memory
+//! ([`PrimaryRegion`]) and that layout.
 //!
 //! kvtier's two tiers name a block the same way (`<namespace>/<hex[..3]>/<hex[3..5]>/<hex>.bin`,
 //! see [`BlockKey`]) and store it in the same checked format (a header with
@@ -36,7 +38,10 @@ pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 pub use s3::S3Options;
 pub use save::SaveTask;
 #[cfg(fs_tier)]
-pub use vllm::VllmFsLayout;
+pub use vllm::{
+    FinishedTransfer, InFlightTransfer, PrimaryRegion, TransferError, TransferKind, VllmFsLayout,
+    VllmTransfers,
+};
 
 /// Why a tier operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -24,12 +24,13 @@ use hashbrown::HashMap;
 use super::limits::LookupLimits;
 use super::stats::LookupStats;
 use super::submission::{Group, GroupBuffers, GroupOutcome, GroupResult, Interest, Submission};
-use super::types::{Generation, KeyState, Phase, Request, TableId, Ticket, Verdict};
+use super::types::{Generation, Phase, Request, TableId, Ticket, Verdict};
 use crate::invariant::InvariantViolation;
 use crate::sync::Arc;
 
 mod bounds;
 mod check;
+mod inspect;
 mod keys;
 mod storage;
 #[cfg(test)]
@@ -830,19 +831,6 @@ where
             lookups: self.stats.hits + self.stats.misses + self.stats.pending,
             ..self.stats
         }
-    }
-
-    /// The state of `key`, if the table tracks it. For checkers, tools and
-    /// debugging; not part of the stable API.
-    #[doc(hidden)]
-    pub fn key_state(&self, key: &K) -> Option<KeyState> {
-        let cell = self.keys.find(self.keys.hash(key), key)?;
-        let state = self.keys.get(cell)?.entry;
-        Some(KeyState {
-            generation: state.generation(),
-            phase: state.phase(self.flushed_below, self.overdue_below),
-            requesters: self.overflow.count(state),
-        })
     }
 
     /// Number of keys tracked (including orphaned in-flight probes).

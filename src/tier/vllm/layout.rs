@@ -13,9 +13,9 @@
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use super::TierError;
-use super::fs::{PathWriter, exists, stat_blocking};
-use super::key::push_hex_bytes;
+use super::super::TierError;
+use super::super::fs::{PathWriter, exists, stat_blocking};
+use super::super::key::push_hex_bytes;
 use crate::lookup::Backend;
 
 /// Bytes of the group index at the end of a vLLM key.

@@ -38,14 +38,18 @@ import os
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
-from . import HIT, MISS, RETRY
-from ._native import Lookup, WorkerLostError
+from .. import HIT, MISS, RETRY
+from .._native import Lookup, WorkerLostError
+from ._compat import LookupPhase, PrivateLookupState
 
 __all__ = [
     "HIT",
     "MISS",
     "RETRY",
+    "LAYOUT_VERSIONS",
     "AsyncLookupManager",
+    "FsTier",
+    "LookupPhase",
     "base_dir",
     "block_path",
     "make_key",
@@ -78,12 +82,22 @@ def split_key(key: bytes) -> tuple[bytes, int]:
     return key[:-GROUP_BYTES], int.from_bytes(key[-GROUP_BYTES:], "big")
 
 
+#: The vLLM versions whose fs layout ``base_dir`` knows, newest first. The
+#: settings hashed into a base directory's name change between vLLM
+#: versions (0.32 hashes ``tokens_per_hash`` and ``blocks_per_file``, where
+#: older versions hashed ``hash_block_size`` and ``gpu_blocks_per_file``), so
+#: a computed directory is only right for the version it was computed for.
+#: Inside vLLM, ``kvtier.vllm.FsTier`` takes the directory from vLLM's own
+#: ``FileMapper`` instead, whatever the version.
+LAYOUT_VERSIONS = ("0.32",)
+
+
 def base_dir(
     root: str | os.PathLike[str],
     *,
     model_name: str,
-    hash_block_size: int,
-    gpu_blocks_per_file: int,
+    tokens_per_hash: int,
+    blocks_per_file: int,
     dtype: str,
     tp_size: int = 1,
     pp_size: int = 1,
@@ -92,21 +106,34 @@ def base_dir(
     kv_cache_groups: Optional[Sequence[dict[str, Any]]] = None,
     inference_engine: str = "vllm",
     parallel_agnostic: bool = False,
+    replicated_layout: bool = False,
+    canonical_format: Optional[str] = None,
+    vllm: str = "0.32",
 ) -> str:
-    """vLLM's base directory for a run: ``<root>/<model>_<cfghash>``.
+    """vLLM's base directory for a run, ``<root>/<model>_<cfghash>``, as the
+    fs tier of vLLM ``vllm`` names it (see ``LAYOUT_VERSIONS``).
 
     ``cfghash`` is the first 12 hex digits of the SHA-256 of the run's
     settings as canonical JSON (keys sorted, no spaces); ``/`` in the model
     name becomes ``_``. ``kv_cache_groups`` lists each group's
-    ``{"block_size": ..., "layer_names": [...]}``. With ``parallel_agnostic``
-    every parallel size is 1 (and the rank 0).
+    ``{"tokens_per_block": ..., "layer_names": [...]}``. With
+    ``parallel_agnostic`` every parallel size is 1 (and the rank 0), and
+    otherwise ``"parallel_agnostic": false`` is hashed too;
+    ``replicated_layout`` and ``canonical_format`` are hashed only when set.
+    vLLM's fs tier asks for a parallel-agnostic layout, which vLLM grants
+    only when the run's blocks do not depend on the parallelism.
     """
+    if vllm not in LAYOUT_VERSIONS:
+        raise ValueError(
+            f"kvtier knows the fs layout of vLLM {', '.join(LAYOUT_VERSIONS)}, not {vllm!r}; "
+            "inside vLLM use kvtier.vllm.FsTier, which takes it from vLLM's FileMapper"
+        )
     if parallel_agnostic:
         tp_size = pp_size = pcp_size = dcp_size = 1
-    fields = {
+    fields: dict[str, Any] = {
         "model_name": model_name,
-        "hash_block_size": hash_block_size,
-        "gpu_blocks_per_file": gpu_blocks_per_file,
+        "tokens_per_hash": tokens_per_hash,
+        "blocks_per_file": blocks_per_file,
         "tp_size": tp_size,
         "pp_size": pp_size,
         "pcp_size": pcp_size,
@@ -115,14 +142,21 @@ def base_dir(
         "kv_cache_groups": [dict(group) for group in (kv_cache_groups or [])],
         "inference_engine": inference_engine,
     }
+    if not parallel_agnostic:
+        fields["parallel_agnostic"] = False
+    if replicated_layout:
+        fields["replicated_layout"] = True
+    if canonical_format is not None:
+        fields["canonical_format"] = canonical_format
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:CONFIG_HASH_DIGITS]
-    return os.path.join(os.fspath(root), f"{model_name.replace('/', '_')}_{digest}")
+    return f"{os.fspath(root)}/{model_name.replace('/', '_')}_{digest}"
 
 
 def rank_dir(root: str | os.PathLike[str], *, rank: int = 0, **settings: Any) -> str:
     """The directory of one rank's blocks, ``<base_dir>_r<rank>``: what
-    ``Lookup.vllm_fs`` takes. ``settings`` are ``base_dir``'s."""
+    ``Lookup.vllm_fs`` takes. ``settings`` are ``base_dir``'s; with
+    ``parallel_agnostic`` the rank is 0."""
     if settings.get("parallel_agnostic"):
         rank = 0
     if rank < 0:
@@ -139,7 +173,7 @@ def block_path(rank_directory: str | os.PathLike[str], key: bytes) -> str:
     )
 
 
-class AsyncLookupManager:
+class AsyncLookupManager(PrivateLookupState):
     """vLLM's per-tier async lookup manager, over kvtier.
 
     ``lookup`` takes a key (``bytes``) and the request's context (an object
@@ -224,6 +258,7 @@ class AsyncLookupManager:
     def flush(self) -> None:
         """Ends the step: the step's new keys go to the prober. Never waits.
         A lost worker is logged, not raised: its keys are misses."""
+        self._apply_forged_answers()
         try:
             self._lookup.flush()
         except WorkerLostError as error:
@@ -233,6 +268,7 @@ class AsyncLookupManager:
     def drain_results(self) -> None:
         """Applies the answers published so far (every call does this first)."""
         self._lookup.drain()
+        self._apply_forged_answers()
 
     def mark_miss(self, keys: Iterable[bytes]) -> None:
         """The loads of ``keys`` failed: their cached hits become misses,
@@ -272,3 +308,14 @@ class AsyncLookupManager:
 
     def __repr__(self) -> str:
         return f"AsyncLookupManager({self._tier_type!r}, {self._lookup!r})"
+
+
+def __getattr__(name: str) -> Any:
+    # vLLM's tier classes need vLLM: imported when first asked for, so the
+    # rest of this module works without vLLM installed (a tier config's
+    # {"type": "FsTier", "module_path": "kvtier.vllm"} asks for it).
+    if name == "FsTier":
+        from .tier import FsTier
+
+        return FsTier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

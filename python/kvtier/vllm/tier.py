@@ -1,0 +1,267 @@
+"""``kvtier.vllm.FsTier``: a secondary tier for vLLM's tier manager, on
+vLLM's own file-system layout, with lookups, stores and loads run natively.
+
+vLLM loads it with no patch, from its tier config::
+
+    "secondary_tiers": [{"type": "FsTier", "module_path": "kvtier.vllm",
+                         "root_dir": "/mnt/kv-cache"}]
+
+It takes the settings of vLLM's own fs tier (``root_dir``,
+``n_read_threads``, ``n_write_threads``, ``enable_kv_events``,
+``locality``), and writes and reads the same files, so vLLM's fs tier and
+this one share a directory. The directory is vLLM's: the tier builds the
+``FileMapper`` of the vLLM that runs it and checks, at construction, that
+kvtier's layout names every block as that ``FileMapper`` does.
+
+- Lookups: kvtier's native prober (``Lookup.vllm_fs``); ``tier.lookup`` is
+  the native call itself, answering vLLM's ``LookupResult`` members.
+- Stores and loads: ``kvtier._native.VllmTransfers``, native I/O threads
+  that copy between the primary tier's memory (through the buffer
+  protocol) and vLLM's raw block files, without the GIL. Loads are served
+  first by the read threads; a load stops at its first bad block, keeps the
+  blocks before it (``successful_keys``) and marks only the failed tail a
+  miss; a short (damaged) file is removed.
+- Completion: ``get_finished_jobs`` polls without blocking; every job is
+  reported exactly once, after its I/O no longer touches the primary
+  memory (kvtier's save core keeps that books).
+
+Needs vLLM (0.32 or later); the rest of ``kvtier.vllm`` does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar, Optional
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadKey,
+    ReqContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+from vllm.v1.kv_offload.tiering.base import (
+    JobResult,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+    SecondaryTierManager,
+    TransferJob,
+)
+
+from .._native import Lookup, VllmTransfers
+from . import AsyncLookupManager
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger("kvtier.vllm")
+
+__all__ = ["FsTier"]
+
+# Keys whose paths the construction-time layout check compares: one-, two-
+# and many-byte hashes (the fan-out slices differently) in several groups.
+_LAYOUT_PROBES = (
+    (b"\x01", 0),
+    (b"\xab\xcd", 7),
+    (bytes(range(32)), 2**32 - 1),
+    (b"\xff" * 16, 1),
+)
+
+
+class _Pool:
+    """``_pool``: a read-only view of the native I/O threads, in the shape
+    of vLLM's ``DualQueueThreadPool`` (queued loads and stores, threads)."""
+
+    class _Queue:
+        def __init__(self, transfers: VllmTransfers, loads: bool) -> None:
+            self._transfers, self._loads = transfers, loads
+
+        def __len__(self) -> int:
+            loads, stores = self._transfers.queued()
+            return loads if self._loads else stores
+
+    class _Thread:
+        def __init__(self, transfers: VllmTransfers, index: int) -> None:
+            self._transfers, self._index = transfers, index
+
+        def is_alive(self) -> bool:
+            return self._index < self._transfers.threads_alive
+
+    def __init__(self, transfers: VllmTransfers, threads: int) -> None:
+        self._load_q = self._Queue(transfers, loads=True)
+        self._store_q = self._Queue(transfers, loads=False)
+        self._threads = [self._Thread(transfers, i) for i in range(threads)]
+
+
+class FsTier(SecondaryTierManager):
+    """vLLM's file-system secondary tier, natively (see the module's docs).
+
+    Arguments after ``tier_type`` are those of vLLM's
+    ``FileSystemTierManager``, plus ``lookup_concurrency`` (lookup groups
+    probed at once, default 4) and ``lookup_timeout`` (seconds a group's
+    probe may take before its keys are misses, default 2; ``None``: no
+    limit).
+    """
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: "OffloadingSpec",
+        primary_kv_view: memoryview,
+        tier_type: str,
+        root_dir: str,
+        n_read_threads: int = 16,
+        n_write_threads: int = 16,
+        enable_kv_events: bool = False,
+        locality: Optional[str] = None,
+        backpressure_detector: Optional[BackpressureDetector] = None,
+        lookup_concurrency: int = 4,
+        lookup_timeout: Optional[float] = 2.0,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality(locality) if locality is not None else None
+        self.events: Optional[list[OffloadingEvent]] = None
+        if enable_kv_events:
+            if offloading_spec.kv_events_config.enable_kv_cache_events:
+                self.events = []
+            else:
+                logger.warning(
+                    "enable_kv_events is set on tier %r but KV cache events are disabled "
+                    "globally; the tier emits no events",
+                    tier_type,
+                )
+        # vLLM's own mapper, with the arguments vLLM's fs tier gives it, so
+        # the directory is the one vLLM's fs tier uses for this run.
+        self.file_mapper = FileMapper.from_offloading_spec(
+            root_dir=root_dir,
+            offloading_spec=offloading_spec,
+            blocks_per_file=offloading_spec.blocks_per_chunk,
+            parallel_agnostic=True,
+        )
+        _write_run_config(self.file_mapper)
+        rank_dir = f"{self.file_mapper.base_path}_r{self.file_mapper.rank}"
+        self._transfers = VllmTransfers(
+            rank_dir, primary_kv_view, load_threads=n_read_threads, store_threads=n_write_threads
+        )
+        _check_layout(self.file_mapper, self._transfers)
+        lookup = Lookup.vllm_fs(
+            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
+        )
+        lookup.set_verdicts(LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY)
+        self._lookup_manager = AsyncLookupManager(tier_type, lookup=lookup)
+        # The scheduler calls the native lookup itself: no Python frame, no
+        # translation of its answer.
+        self.lookup = lookup.lookup  # type: ignore[method-assign]
+        # Buffered I/O: kvtier's transfers do not use O_DIRECT.
+        self._use_o_direct = False
+        self._pool = _Pool(self._transfers, n_read_threads + n_write_threads)
+
+    # The scheduler's calls.
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:  # type: ignore[override]
+        """HIT, MISS or RETRY (next step); replaced per instance by the
+        native call, which answers the same."""
+        return self._lookup_manager.native.lookup(key, req_context)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookup_manager.cleanup(req_context.req_id)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookup_manager.flush()
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self._transfers.submit_store(job_metadata.job_id, job_metadata.keys, job_metadata.chunk_ids)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._transfers.submit_load(job_metadata.job_id, job_metadata.keys, job_metadata.chunk_ids)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        """The jobs done since the last call, each once; a failed load keeps
+        the blocks before its first bad one and marks the rest a miss."""
+        results = []
+        for job_id, is_load, success, keys, done, seconds in self._transfers.finished():
+            transfer_bytes = len(keys) * self.block_size_bytes if keys else None
+            successful_keys = None
+            if is_load and not success:
+                # A request needs its blocks as a prefix: from the first bad
+                # block on, the blocks are recomputed, so their lookups miss.
+                self._lookup_manager.mark_miss(keys[done:])
+                successful_keys = tuple(keys[:done]) or None
+            elif success and keys and not is_load and self.events is not None:
+                self.events.append(
+                    OffloadingEvent(keys=keys, medium=self.medium, removed=False, locality=self.locality)
+                )
+            results.append(
+                JobResult(
+                    job_id=job_id,
+                    success=success,
+                    successful_keys=successful_keys,
+                    transfer_time=seconds,
+                    transfer_bytes=transfer_bytes,
+                )
+            )
+        return results
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self.events is not None:
+            yield from self.events
+            self.events.clear()
+
+    def drain_jobs(self) -> None:
+        """Blocks (without the GIL) until no transfer touches the primary
+        memory; the results come with the next ``get_finished_jobs``."""
+        self._transfers.drain()
+
+    def shutdown(self) -> None:
+        """Stops the lookups and the I/O threads (queued transfers are
+        dropped, running ones finish)."""
+        self._lookup_manager.shutdown()
+        self._transfers.shutdown()
+
+    # Read-only views, in the shape of vLLM's fs tier's private state.
+
+    @property
+    def _store_job_keys(self) -> dict[int, list[OffloadKey]]:
+        """Store jobs in flight and their keys, while events are on (as
+        vLLM's fs tier keeps them)."""
+        if self.events is None:
+            return {}
+        return {job_id: keys for job_id, is_load, keys in self._transfers.in_flight() if not is_load}
+
+    def __repr__(self) -> str:
+        return f"FsTier({self.tier_type!r}, {self._transfers!r})"
+
+
+def _write_run_config(file_mapper: FileMapper) -> None:
+    """Writes the run's settings next to its blocks, as vLLM's fs tier does
+    (the same file, so either tier can create it)."""
+    config_path = file_mapper.get_config_file_path()
+    os.makedirs(os.path.dirname(config_path), exist_ok=True)
+    if not os.path.exists(config_path):
+        with open(config_path, "w") as f:
+            json.dump(file_mapper.get_run_config(), f, indent=2, sort_keys=True)
+
+
+def _check_layout(file_mapper: FileMapper, transfers: VllmTransfers) -> None:
+    """Refuses to run when kvtier's layout and the running vLLM's disagree:
+    the tier would look for, and write, blocks where vLLM does not."""
+    for block_hash, group in _LAYOUT_PROBES:
+        key = make_offload_key(block_hash, group)
+        ours, theirs = os.fspath(transfers.path_of(key)), file_mapper.get_file_name(key)
+        if os.path.normpath(ours) != os.path.normpath(theirs):
+            raise RuntimeError(
+                f"kvtier's vLLM layout names block {key.hex()} {ours!r} where this vLLM "
+                f"names it {theirs!r}: this vLLM's fs layout is not one kvtier knows"
+            )
+

@@ -1,0 +1,263 @@
+//! `kvtier._native.VllmTransfers`: vLLM's tier stores and loads, run on
+//! native I/O threads that never take the GIL, over the primary tier's
+//! memory reached through the buffer protocol.
+
+use std::path::PathBuf;
+
+use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::errors::{config, guard, tier_error};
+
+/// The primary tier's memory as a [`PrimaryRegion`]: a writable,
+/// C-contiguous buffer whose first dimension counts the blocks (vLLM's
+/// `primary_kv_view`; a block is `strides[0]` bytes).
+fn region_of(view: &Bound<'_, PyAny>) -> PyResult<PrimaryRegion> {
+    let buffer = PyUntypedBuffer::get(view)?;
+    if buffer.readonly() {
+        return Err(config(
+            "the primary tier's memory is read-only: loads write into it",
+        ));
+    }
+    if !buffer.is_c_contiguous() || buffer.dimensions() == 0 {
+        return Err(config(
+            "the primary tier's memory must be a C-contiguous buffer of blocks",
+        ));
+    }
+    let block_bytes = usize::try_from(buffer.strides()[0])
+        .ok()
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| config("the primary tier's blocks (strides[0]) must be a positive size"))?;
+    let base = buffer.buf_ptr().cast::<u8>();
+    let len = buffer.len_bytes();
+    // The buffer (which holds the exporter's memory in place: a view is
+    // exported, so it can be neither resized nor freed) is kept by the
+    // region and released with it, after the last transfer.
+    #[allow(unsafe_code)]
+    // SAFETY: a live buffer export of `len` bytes at `base`, kept alive by
+    // the region (`keep_alive`), which drops it last; writable and
+    // contiguous (checked above). vLLM pins a transfer's blocks until the
+    // tier reports the job, so nothing else writes them meanwhile (the
+    // contract of `from_raw_parts`).
+    let region = unsafe { PrimaryRegion::from_raw_parts(base, len, block_bytes, Box::new(buffer)) };
+    region.map_err(tier_error)
+}
+
+fn job_id(id: &Bound<'_, PyAny>) -> PyResult<u64> {
+    id.extract::<u64>()
+        .map_err(|_| config(format!("a transfer job id is an int >= 0, not {id}")))
+}
+
+fn keys_of(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+    keys.try_iter()?
+        .map(|key| Ok(key?.cast::<PyBytes>()?.as_bytes().to_vec()))
+        .collect()
+}
+
+/// Primary block ids (vLLM's `chunk_ids`, a numpy array or any iterable of
+/// ints). A negative id names no block: it becomes one past any region,
+/// which fails the job.
+fn blocks_of(ids: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    ids.try_iter()?
+        .map(|id| Ok(usize::try_from(id?.extract::<i64>()?).unwrap_or(usize::MAX)))
+        .collect()
+}
+
+fn key_list<'py>(py: Python<'py>, keys: &[Vec<u8>]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))
+}
+
+/// vLLM's transfer jobs for one rank's directory of vLLM's fs layout: stores
+/// copy blocks of the primary memory into `<rank_dir>/.../<hash>.bin`
+/// files, loads copy them back, on `load_threads` + `store_threads` native
+/// threads (each serving its own kind first). Submitting never waits;
+/// `finished()` polls; every job is reported exactly once, after its I/O
+/// no longer touches the memory.
+#[pyclass(module = "kvtier._native", name = "VllmTransfers")]
+pub(crate) struct PyVllmTransfers {
+    inner: VllmTransfers,
+}
+
+impl PyVllmTransfers {
+    fn submit(
+        &mut self,
+        kind: TransferKind,
+        id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        chunk_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = job_id(id)?;
+        let keys = keys_of(keys)?;
+        let blocks = blocks_of(chunk_ids)?;
+        // The one refusal: a job id still in flight (an engine bug).
+        self.inner
+            .submit(kind, id, keys, &blocks)
+            .map_err(|error| config(error.to_string()))
+    }
+}
+
+#[pymethods]
+impl PyVllmTransfers {
+    #[new]
+    #[pyo3(signature = (rank_dir, primary, *, load_threads = 16, store_threads = 16))]
+    fn new(
+        rank_dir: PathBuf,
+        primary: &Bound<'_, PyAny>,
+        load_threads: usize,
+        store_threads: usize,
+    ) -> PyResult<Self> {
+        guard(|| {
+            let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
+            let region = region_of(primary)?;
+            let inner = VllmTransfers::new(layout, region, load_threads, store_threads)
+                .map_err(tier_error)?;
+            Ok(Self { inner })
+        })
+    }
+
+    /// Starts a store: `keys[i]` is written from primary block
+    /// `chunk_ids[i]` (skipped if its file is there already). Never waits.
+    fn submit_store(
+        &mut self,
+        job_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        chunk_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        guard(|| self.submit(TransferKind::Store, job_id, keys, chunk_ids))
+    }
+
+    /// Starts a load: `keys[i]` is read into primary block `chunk_ids[i]`,
+    /// in order, stopping at the first that fails. Never waits.
+    fn submit_load(
+        &mut self,
+        job_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        chunk_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        guard(|| self.submit(TransferKind::Load, job_id, keys, chunk_ids))
+    }
+
+    /// Takes job `job_id` as failed without running it (the caller refused
+    /// it, for `reason`): reported by the next `finished()` with nothing done.
+    fn refuse(
+        &mut self,
+        job_id: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        is_load: bool,
+        reason: &str,
+    ) -> PyResult<()> {
+        guard(|| {
+            let kind = if is_load {
+                TransferKind::Load
+            } else {
+                TransferKind::Store
+            };
+            let id = self::job_id(job_id)?;
+            self.inner
+                .refuse(kind, id, keys_of(keys)?, reason)
+                .map_err(|error| config(error.to_string()))
+        })
+    }
+
+    /// The jobs that ended since the last call, each once, as
+    /// `(job_id, is_load, success, keys, done, seconds)`: `done` keys (a
+    /// prefix) were transferred; `seconds` of I/O. Never blocks.
+    fn finished<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| {
+            let finished = self.inner.finished();
+            let list = PyList::empty(py);
+            for job in &finished {
+                let row = (
+                    job.id,
+                    job.kind == TransferKind::Load,
+                    job.succeeded(),
+                    key_list(py, &job.keys)?,
+                    job.done_keys().len(),
+                    job.io_time.as_secs_f64(),
+                );
+                list.append(row.into_pyobject(py)?)?;
+            }
+            Ok(list)
+        })
+    }
+
+    /// Waits, with the GIL released, until no job's I/O touches the primary
+    /// memory; their results come with the next `finished()`. Returns how
+    /// many jobs it waited for.
+    fn drain(&mut self, py: Python<'_>) -> PyResult<usize> {
+        let inner = &mut self.inner;
+        // guard: P2-transfers-wait-without-the-gil
+        guard(|| Ok(py.detach(|| inner.wait_idle())))
+    }
+
+    /// Drops the queued jobs (reported as failed), waits for the running
+    /// ones and stops the I/O threads, with the GIL released. Returns how
+    /// many queued jobs were dropped.
+    fn shutdown(&mut self, py: Python<'_>) -> PyResult<usize> {
+        let inner = &mut self.inner;
+        guard(|| Ok(py.detach(|| inner.shutdown())))
+    }
+
+    /// Jobs queued that no I/O thread has started: `(loads, stores)`.
+    fn queued(&self) -> (usize, usize) {
+        (
+            self.inner.queued(TransferKind::Load),
+            self.inner.queued(TransferKind::Store),
+        )
+    }
+
+    /// I/O threads running (0 after `shutdown`).
+    #[getter]
+    fn threads_alive(&self) -> usize {
+        self.inner.threads_alive()
+    }
+
+    /// Jobs submitted and not reported yet, as `(job_id, is_load, keys)`.
+    fn in_flight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| {
+            let list = PyList::empty(py);
+            for job in self.inner.in_flight() {
+                let row = (
+                    job.id,
+                    job.kind == TransferKind::Load,
+                    key_list(py, &job.keys)?,
+                );
+                list.append(row.into_pyobject(py)?)?;
+            }
+            Ok(list)
+        })
+    }
+
+    /// Blocks in the primary memory, and bytes per block.
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        let region = self.inner.region();
+        (region.blocks(), region.block_bytes())
+    }
+
+    /// The path of `key`'s block file (whether or not it exists).
+    fn path_of(&self, key: &[u8]) -> PyResult<PathBuf> {
+        guard(|| self.inner.layout().path_of(key).map_err(tier_error))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
+}
+
+impl Drop for PyVllmTransfers {
+    /// Stops the I/O threads with the GIL released (they never take it, but
+    /// a job waited for should not hold up the interpreter).
+    fn drop(&mut self) {
+        let inner = &mut self.inner;
+        if Python::try_attach(|py| py.detach(|| inner.shutdown())).is_none() {
+            inner.shutdown();
+        }
+    }
+}
+
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PyVllmTransfers>()
+}

@@ -1,0 +1,20 @@
+//! vLLM's file-system tier, natively: its layout ([`VllmFsLayout`], the
+//! lookups over the blocks vLLM wrote) and its transfers
+//! ([`VllmTransfers`]: stores and loads of vLLM's raw block files between
+//! the primary tier's memory, a [`PrimaryRegion`], and the layout, off the
+//! GIL and polled without blocking).
+//!
+//! `layout` names the files; `blocks` reads and writes one file; `region`
+//! is the memory and the claims that keep two transfers off one block;
+//! `transfers` runs the jobs and reports them through the save core.
+
+mod blocks;
+mod layout;
+mod region;
+mod transfers;
+
+pub use layout::VllmFsLayout;
+pub use region::PrimaryRegion;
+pub use transfers::{
+    FinishedTransfer, InFlightTransfer, TransferError, TransferKind, VllmTransfers,
+};

@@ -1,0 +1,446 @@
+//! vLLM's transfer jobs, run natively: stores copy blocks of the primary
+//! region into vLLM's fs layout, loads copy them back, on I/O threads that
+//! never need the GIL; completion is polled without blocking.
+//!
+//! The bookkeeping is the save core's: every job is a request of a
+//! [`SaveTracker`] that is its own scheduler ([`SaveTracker::record`]), with
+//! one task, so a job is reported exactly once (S2), never while its I/O
+//! still touches the region (S1: its task completes after the I/O and after
+//! its claim on the blocks is given back), and with how it went
+//! ([`SaveOutcome`]). A job whose input is wrong (a block out of range, keys
+//! and blocks of different counts, a block another transfer holds) is
+//! refused the same way, as a failed job, so the engine hears of it where it
+//! hears of every other job.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use super::blocks::{load_block, store_block};
+use super::layout::VllmFsLayout;
+use super::region::{Access, Claim, PrimaryRegion};
+use crate::SaveTracker;
+use crate::save::{CompletionTask, SaveOutcome, TaskError};
+use crate::sync::Arc;
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::tier::TierError;
+use crate::tier::pool::IoPool;
+
+/// Whether a job stores blocks into the tier or loads them out of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferKind {
+    /// Primary region → tier (vLLM's `submit_store`, a cascade).
+    Store,
+    /// Tier → primary region (vLLM's `submit_load`, a promotion).
+    Load,
+}
+
+impl TransferKind {
+    /// The pool lane of the kind: loads are lane 0, served first by the
+    /// load threads.
+    fn lane(self) -> usize {
+        match self {
+            Self::Load => 0,
+            Self::Store => 1,
+        }
+    }
+
+    fn access(self) -> Access {
+        match self {
+            Self::Load => Access::Write,
+            Self::Store => Access::Read,
+        }
+    }
+}
+
+/// What the I/O thread tells the owner about a job, besides its outcome.
+#[derive(Default)]
+struct Progress {
+    /// Blocks done, in the job's order, before the first that failed.
+    done: AtomicUsize,
+    /// Time spent in the job's I/O.
+    nanos: AtomicU64,
+}
+
+/// A job as the tracker holds it: equal, and hashed, by id alone.
+#[derive(Clone)]
+struct Job {
+    id: u64,
+    kind: TransferKind,
+    keys: Arc<[Vec<u8>]>,
+    progress: Arc<Progress>,
+}
+
+impl Job {
+    fn new(id: u64, kind: TransferKind, keys: Vec<Vec<u8>>) -> Self {
+        Self {
+            id,
+            kind,
+            keys: keys.into(),
+            progress: Arc::default(),
+        }
+    }
+}
+
+impl PartialEq for Job {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Job {}
+
+impl Hash for Job {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} job {} ({} blocks)",
+            self.kind,
+            self.id,
+            self.keys.len()
+        )
+    }
+}
+
+/// A job the tier is done with: reported once, after its I/O ended.
+#[derive(Clone, Debug)]
+pub struct FinishedTransfer {
+    /// The job's id, as submitted.
+    pub id: u64,
+    /// Store or load.
+    pub kind: TransferKind,
+    /// Whether every block of it was transferred.
+    pub outcome: SaveOutcome,
+    /// The job's keys, as submitted.
+    pub keys: Arc<[Vec<u8>]>,
+    /// Blocks transferred, in the job's order, before the first that failed
+    /// (all of them for a job that succeeded).
+    pub done: usize,
+    /// Time spent in the job's I/O.
+    pub io_time: Duration,
+}
+
+impl FinishedTransfer {
+    /// Whether every block was transferred.
+    pub fn succeeded(&self) -> bool {
+        self.outcome == SaveOutcome::Saved
+    }
+
+    /// The keys transferred before the first failure (every key of a job
+    /// that succeeded): for a failed load, the blocks the primary tier keeps.
+    pub fn done_keys(&self) -> &[Vec<u8>] {
+        match self.outcome {
+            SaveOutcome::Saved => &self.keys,
+            SaveOutcome::Failed => &self.keys[..self.done.min(self.keys.len())],
+        }
+    }
+
+    /// The keys from the first failure on (none of a job that succeeded):
+    /// for a failed load, the blocks whose lookups become misses. A request
+    /// needs its blocks as a prefix, so a block after a failed one is
+    /// recomputed whether or not it was read.
+    pub fn failed_keys(&self) -> &[Vec<u8>] {
+        // guard: V4-only-the-failed-tail-is-given-up
+        &self.keys[self.done_keys().len()..]
+    }
+}
+
+/// A job submitted and not reported yet.
+#[derive(Clone, Debug)]
+pub struct InFlightTransfer {
+    /// The job's id.
+    pub id: u64,
+    /// Store or load.
+    pub kind: TransferKind,
+    /// The job's keys, as submitted.
+    pub keys: Arc<[Vec<u8>]>,
+}
+
+/// Why [`VllmTransfers::submit`] refused a job outright (every other
+/// problem fails the job, which is then reported).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// A job with this id is still in flight: its report would answer for
+    /// both.
+    #[error("transfer job {0} is still in flight")]
+    InFlight(u64),
+}
+
+/// vLLM's transfer jobs between a [`PrimaryRegion`] and one rank's
+/// directory of vLLM's fs layout (see the module docs).
+///
+/// ```
+/// use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
+///
+/// let dir = tempfile::tempdir()?;
+/// let layout = VllmFsLayout::new(dir.path().join("llama_0123456789ab_r0"))?;
+/// let region = PrimaryRegion::zeroed(4, 64)?;
+/// region.write_block(1, &[9; 64])?;
+/// let mut transfers = VllmTransfers::new(layout, region, 2, 2)?;
+///
+/// let key = vec![0xab, 0xcd, 0xef, 0, 0, 0, 0]; // block hash abcdef, group 0
+/// transfers.submit(TransferKind::Store, 1, vec![key.clone()], &[1])?;
+/// transfers.wait_idle(); // a scheduler polls `finished` instead
+/// let stored = transfers.finished();
+/// assert!(stored[0].succeeded());
+///
+/// transfers.submit(TransferKind::Load, 2, vec![key], &[3])?;
+/// transfers.wait_idle();
+/// assert!(transfers.finished()[0].succeeded());
+/// assert_eq!(transfers.region().read_block(3)?, vec![9; 64]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct VllmTransfers {
+    layout: VllmFsLayout,
+    region: Arc<PrimaryRegion>,
+    /// `None` once shut down.
+    pool: Option<IoPool>,
+    jobs: SaveTracker<Job, CompletionTask>,
+    /// Jobs submitted since the last `finished`: finished from the
+    /// tracker's point of view (nothing more will be submitted for them),
+    /// reported once their task is done.
+    submitted: Vec<Job>,
+}
+
+impl VllmTransfers {
+    /// Transfers between `region` and `layout`'s rank directory, on
+    /// `load_threads` threads that serve loads first and `store_threads`
+    /// that serve stores first (each takes the other kind when its own has
+    /// none; vLLM's fs tier has 16 of each by default). At least one thread
+    /// in all.
+    pub fn new(
+        layout: VllmFsLayout,
+        region: PrimaryRegion,
+        load_threads: usize,
+        store_threads: usize,
+    ) -> Result<Self, TierError> {
+        if load_threads + store_threads == 0 {
+            return Err(TierError::Config(
+                "vLLM transfers need at least one I/O thread".into(),
+            ));
+        }
+        let pool = IoPool::with_lanes([load_threads, store_threads], "kvtier-vllm-io")
+            .map_err(|source| TierError::io("start I/O threads for", layout.rank_dir(), source))?;
+        Ok(Self {
+            layout,
+            region: Arc::new(region),
+            pool: Some(pool),
+            jobs: SaveTracker::new(),
+            submitted: Vec::new(),
+        })
+    }
+
+    /// The rank directory's layout.
+    pub fn layout(&self) -> &VllmFsLayout {
+        &self.layout
+    }
+
+    /// The primary region.
+    pub fn region(&self) -> &PrimaryRegion {
+        &self.region
+    }
+
+    /// Starts job `id`: `keys[i]` moves between the tier and block
+    /// `blocks[i]` of the region. Never waits for I/O. A job that cannot run
+    /// is reported as failed by a later [`finished`](Self::finished); only
+    /// an id still in flight is refused here.
+    pub fn submit(
+        &mut self,
+        kind: TransferKind,
+        id: u64,
+        keys: Vec<Vec<u8>>,
+        blocks: &[usize],
+    ) -> Result<(), TransferError> {
+        let job = self.open(kind, id, keys)?;
+        match self.start(&job, blocks) {
+            Ok(task) => {
+                self.jobs.submit(task, std::slice::from_ref(&job));
+            }
+            Err(error) => {
+                tracing::warn!(?job, %error, "a vLLM transfer job was refused");
+                self.jobs.submit_failed(std::slice::from_ref(&job), error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes job `id` without running it: the caller refused it (its own
+    /// check failed, say), for `why`. It is reported as failed by the next
+    /// [`finished`](Self::finished), with no block done, as a job that could
+    /// not run is.
+    pub fn refuse(
+        &mut self,
+        kind: TransferKind,
+        id: u64,
+        keys: Vec<Vec<u8>>,
+        why: impl fmt::Display,
+    ) -> Result<(), TransferError> {
+        let job = self.open(kind, id, keys)?;
+        self.jobs.submit_failed(std::slice::from_ref(&job), why);
+        Ok(())
+    }
+
+    /// Records a new job, to be reported by `finished`.
+    fn open(
+        &mut self,
+        kind: TransferKind,
+        id: u64,
+        keys: Vec<Vec<u8>>,
+    ) -> Result<Job, TransferError> {
+        let job = Job::new(id, kind, keys);
+        // guard: V2-one-job-per-id-in-flight
+        if self.jobs.is_tracked(&job) {
+            return Err(TransferError::InFlight(id));
+        }
+        self.jobs.record(std::slice::from_ref(&job));
+        self.submitted.push(job.clone());
+        Ok(job)
+    }
+
+    /// Claims the job's blocks and queues its I/O.
+    fn start(&self, job: &Job, blocks: &[usize]) -> Result<CompletionTask, TierError> {
+        let Some(pool) = &self.pool else {
+            return Err(TierError::Config(
+                "the vLLM transfers were shut down".into(),
+            ));
+        };
+        if job.keys.len() != blocks.len() {
+            return Err(TierError::Config(format!(
+                "{} keys for {} primary blocks",
+                job.keys.len(),
+                blocks.len()
+            )));
+        }
+        let claim = self.region.claim(blocks, job.kind.access())?;
+        let (task, completer) = CompletionTask::new(());
+        let (layout, job) = (self.layout.clone(), job.clone());
+        pool.submit_to(
+            job.kind.lane(),
+            Box::new(move || {
+                let started = Instant::now();
+                let result = transfer(&layout, &job, claim);
+                let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                job.progress.nanos.store(nanos, Ordering::Relaxed);
+                // The claim is given back (in `transfer`) before the task
+                // completes: a reported job touches no block.
+                completer.complete(result.map_err(|error| TaskError::Failed(Box::new(error))));
+            }),
+        );
+        Ok(task)
+    }
+
+    /// The jobs that ended since the last call, each reported once. Never
+    /// blocks.
+    pub fn finished(&mut self) -> Vec<FinishedTransfer> {
+        let submitted = std::mem::take(&mut self.submitted);
+        let reported = self.jobs.get_finished_outcomes(&submitted);
+        // The vector's allocation is kept for the next step's jobs.
+        self.submitted = submitted;
+        self.submitted.clear();
+        reported
+            .into_iter()
+            .map(|(job, outcome)| FinishedTransfer {
+                id: job.id,
+                kind: job.kind,
+                outcome,
+                done: job.progress.done.load(Ordering::Acquire),
+                io_time: Duration::from_nanos(job.progress.nanos.load(Ordering::Relaxed)),
+                keys: job.keys,
+            })
+            .collect()
+    }
+
+    /// Waits until no job's I/O touches the region; returns how many jobs
+    /// it waited for. Their reports come with the next
+    /// [`finished`](Self::finished). For vLLM's `drain_jobs` (a cache
+    /// reset), not for the scheduler's step.
+    pub fn wait_idle(&mut self) -> usize {
+        self.jobs.wait_running()
+    }
+
+    /// Jobs of `kind` queued that no I/O thread has started.
+    pub fn queued(&self, kind: TransferKind) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(0, |pool| pool.queued(kind.lane()))
+    }
+
+    /// Jobs submitted and not reported yet, in no particular order.
+    pub fn in_flight(&self) -> Vec<InFlightTransfer> {
+        self.jobs
+            .tracked()
+            .map(|job| InFlightTransfer {
+                id: job.id,
+                kind: job.kind,
+                keys: job.keys.clone(),
+            })
+            .collect()
+    }
+
+    /// I/O threads still running (none after [`shutdown`](Self::shutdown)).
+    pub fn threads_alive(&self) -> usize {
+        self.pool.as_ref().map_or(0, IoPool::threads_alive)
+    }
+
+    /// Drops the jobs no I/O thread has started (they are reported as
+    /// failed), waits for the running ones and stops the I/O threads.
+    /// Returns how many queued jobs were dropped. A job submitted afterwards
+    /// fails.
+    pub fn shutdown(&mut self) -> usize {
+        let Some(pool) = self.pool.take() else {
+            return 0;
+        };
+        // guard: V5-shutdown-drops-queued-jobs
+        let dropped = pool.discard_queued();
+        drop(pool);
+        self.jobs.wait_running();
+        dropped
+    }
+}
+
+impl Drop for VllmTransfers {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl fmt::Debug for VllmTransfers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VllmTransfers")
+            .field("rank_dir", &self.layout.rank_dir())
+            .field("region", &self.region)
+            .field("running", &self.jobs.running_tasks())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Moves the job's blocks in order, stopping at the first that fails;
+/// gives the claim back when done.
+fn transfer(layout: &VllmFsLayout, job: &Job, mut claim: Claim) -> Result<(), TierError> {
+    for (i, key) in job.keys.iter().enumerate() {
+        let path = layout.path_of(key)?;
+        match job.kind {
+            TransferKind::Store => {
+                store_block(&path, claim.block(i))?;
+            }
+            TransferKind::Load => {
+                let Some(block) = claim.block_mut(i) else {
+                    unreachable!("V1: a load holds the write claim on its blocks");
+                };
+                load_block(&path, block)?;
+            }
+        }
+        // guard: V4-loads-stop-at-the-first-failure
+        job.progress.done.store(i + 1, Ordering::Release);
+    }
+    debug_assert_eq!(claim.blocks().len(), job.keys.len());
+    drop(claim);
+    Ok(())
+}
