@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Remove or invert each guarding line of the lookup core (L*), of the
-concurrent-group tasks driver (T*), of the save-completion core (S*) and of
-the file-system tier (F*) and of the Python package's native module (P*), on
-a scratch copy, and show which check then fails.
+concurrent-group tasks driver (T*), of the save-completion core (S*), of
+the file-system tier (F*), of vLLM's transfers (V*) and of the Python
+package's native module (P*), on a scratch copy, and show which check then
+fails.
 
     python3 models/mutants.py            # every mutation, its named check
     python3 models/mutants.py L4-ticket  # mutations whose id starts with L4-ticket
@@ -87,6 +88,9 @@ SUITES = {
         "tests": (TEST + ["-p", "kvtier", "--test", "fs_tier", "--test", "object_tier",
                           "--test", "vllm_layout", "--lib"], {}),
         "proptest": (MODELS + ["proptest_vllm_layout"], {}),
+    },
+    "V": {
+        "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "vllm_transfers", "--test", "save"], {}),
     },
     "W": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "save_steps"], {}),
@@ -453,8 +457,8 @@ MUTATIONS = [
     Mutation(
         "S2-failed-wait-closes-task",
         "a task whose wait panicked is never closed, so its requests are never reported",
-        [("        self.unlink(task, members.as_slice());\n",
-          "        if !matches!(ended, Ended::Panicked) {\n            self.unlink(task, members.as_slice());\n        }\n")],
+        [("        self.unlink(task, members.as_slice(), failed);\n",
+          "        if !matches!(ended, Ended::Panicked) {\n            self.unlink(task, members.as_slice(), failed);\n        }\n")],
         TEST + ["--test", "save", "failed_timed_out_and_panicking"],
     ),
     Mutation(
@@ -715,7 +719,7 @@ MUTATIONS = [
     Mutation(
         "F1-atomic-publish",
         "a save writes the block under its final name instead of renaming a finished temporary file",
-        [("    let (mut file, tmp) = create_temp(path, &name)?;",
+        [("    let (mut file, tmp) = create_temp(path, |suffix| format!(\"{name}.{suffix:016x}.tmp\"))?;",
           "    let (mut file, tmp) = (File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
          ("        fs::rename(&tmp, path)\n", "        Ok(())\n")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "concurrent_saves"],
@@ -781,10 +785,99 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "vllm_layout", "a_key_that_names_no_file"],
     ),
     Mutation(
+        "S13-failed-task-fails-its-requests",
+        "a task that failed does not mark its requests failed: they are reported as saved",
+        [("            state.failed |= failed;\n", "")],
+        TEST + ["-p", "kvtier", "--test", "save", "each_reported_request_says"],
+    ),
+    Mutation(
+        "S13-refused-save-is-a-failure",
+        "a refused save does not mark its requests failed",
+        [("                state.failed = true;", "                state.failed = false;")],
+        TEST + ["-p", "kvtier", "--test", "save", "each_reported_request_says"],
+    ),
+    Mutation(
+        "F13-pool-finishes-queued-jobs",
+        "an I/O thread exits at shutdown without running the saves still queued",
+        [("                if let Some(job) = queue.pop(lane) {\n                    break Some(job);\n                }\n                if queue.closing {\n                    break None;\n                }",
+          "                if queue.closing {\n                    break None;\n                }\n                if let Some(job) = queue.pop(lane) {\n                    break Some(job);\n                }")],
+        TEST + ["-p", "kvtier", "--test", "fs_tier", "dropping_the_tier_finishes_every_queued_save"],
+    ),
+    Mutation(
+        "V1-a-load-writes-its-block-alone",
+        "a load claims its block whoever holds it",
+        [(".compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)",
+          ".compare_exchange(claim.load(Ordering::Relaxed), WRITER, Ordering::Acquire, Ordering::Relaxed)")],
+        TEST + ["-p", "kvtier", "--lib", "--test", "vllm_transfers"],
+    ),
+    Mutation(
+        "V1-stores-never-read-a-block-being-loaded",
+        "a store claims a block a load is writing",
+        [("(readers < WRITER - 1).then(|| readers + 1)", "Some(readers.wrapping_add(1))")],
+        TEST + ["-p", "kvtier", "--lib", "vllm::region"],
+    ),
+    Mutation(
+        "V2-one-job-per-id-in-flight",
+        "a job id still in flight is taken again, so one report answers for two jobs",
+        [("        if self.jobs.is_tracked(&job) {", "        if false && self.jobs.is_tracked(&job) {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "an_id_in_flight"],
+    ),
+    Mutation(
+        "V3-a-present-block-is-not-rewritten",
+        "a store rewrites a block that is already in the tier",
+        [("    if exists(path, true)? {", "    if false && exists(path, true)? {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_block_already_stored"],
+    ),
+    Mutation(
+        "V3-stores-publish-whole-blocks",
+        "a store writes the block under its final name instead of renaming a whole temporary file",
+        [("    let (file, tmp) = create_temp(path, |suffix| format!(\"{name}_{suffix}.tmp\"))?;",
+          "    let (file, tmp) = (File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
+         ("    fs::rename(tmp, path)\n", "    let _ = (tmp, path);\n    Ok(())\n")],
+        TEST + ["-p", "kvtier", "--lib", "a_load_racing_a_store"],
+    ),
+    Mutation(
+        "V4-a-longer-file-is-refused",
+        "a load takes the first block's worth of a longer file (another layout's block) as the block",
+        [("    if metadata.len() > expected {", "    if false && metadata.len() > expected {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+    ),
+    Mutation(
+        "V4-a-short-block-is-removed",
+        "a short (damaged) block file is left in place, so every lookup finds it and every load fails",
+        [("        remove_if_same_file(path, &metadata);\n", "")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+    ),
+    Mutation(
+        "V4-loads-stop-at-the-first-failure",
+        "a load goes on past a block that failed and reports success",
+        [("                load_block(&path, block)?;", "                let _ = load_block(&path, block);")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_failed_load_keeps"],
+    ),
+    Mutation(
+        "V4-only-the-failed-tail-is-given-up",
+        "a failed load gives up every block of the job, also those it loaded",
+        [("        &self.keys[self.done_keys().len()..]", "        &self.keys[..]")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_failed_load_keeps"],
+    ),
+    Mutation(
+        "V5-shutdown-drops-queued-jobs",
+        "shutdown runs every queued transfer before the threads stop",
+        [("        let dropped = pool.discard_queued();", "        let dropped = 0;")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "shutdown_drops_queued_jobs"],
+    ),
+    Mutation(
+        "V5-threads-serve-their-lane-first",
+        "an I/O thread takes the other lane's jobs first",
+        [("        preferred.pop_front().or_else(|| other.pop_front())",
+          "        other.pop_front().or_else(|| preferred.pop_front())")],
+        TEST + ["-p", "kvtier", "--lib", "a_thread_serves_its_own_lane_first"],
+    ),
+    Mutation(
         "P2-shutdown-lets-go-of-the-gil",
         "Lookup.shutdown joins the prober holding the GIL, which a Python backend's last call needs",
-        [("let stopped = py.detach(move || lookup.shutdown().map(|table| table.stats()));",
-          "let stopped = lookup.shutdown().map(|table| table.stats());")],
+        [("let stopped = py.detach(move || lookup.shutdown());",
+          "let stopped = lookup.shutdown();")],
         pytest("tests/test_lookup.py::test_shutdown_never_deadlocks_with_a_python_backend_that_needs_the_gil"),
     ),
     Mutation(
@@ -793,6 +886,12 @@ MUTATIONS = [
         [("py.detach(|| lookup.wait_idle()).map_err(lookup_error)",
           "lookup.wait_idle().map_err(lookup_error)")],
         pytest("tests/test_lookup.py::test_wait_idle_releases_the_gil_for_other_python_threads"),
+    ),
+    Mutation(
+        "P2-transfers-wait-without-the-gil",
+        "VllmTransfers.drain waits for the I/O holding the GIL, so no Python thread runs meanwhile",
+        [("guard(|| Ok(py.detach(|| inner.wait_idle())))", "guard(|| Ok(inner.wait_idle()))")],
+        pytest("tests/test_transfers.py::test_drain_lets_other_python_threads_run"),
     ),
     Mutation(
         "P3-backend-shown-to-the-gc",

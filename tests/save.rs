@@ -872,3 +872,74 @@ fn an_aggregator_for_no_workers_is_refused() {
     );
     assert!(ReportAggregator::<u64>::new(1).is_ok());
 }
+
+#[test]
+fn each_reported_request_says_whether_every_save_of_it_succeeded() {
+    for mode in [CompletionMode::NonBlocking, CompletionMode::Blocking] {
+        let (store, mut scheduler, mut worker) = setup(mode);
+        // 1: two good saves. 2: a good one and a failed one. 3: a refused
+        // one. 4: a timed-out one shared with 5, which also has a good one.
+        // 6: one that panics in its wait.
+        let step = scheduler.record_step((1..=6).map(|r| (r, 1)));
+        worker.begin_step(&step).expect("steps in sequence");
+        worker.submit(store.start(&[1], Ending::Ok), &[1]);
+        worker.submit(store.start(&[1], Ending::Ok), &[1]);
+        worker.submit(store.start(&[2], Ending::Ok), &[2]);
+        worker.submit(store.start(&[2], Ending::Fails), &[2]);
+        worker.submit_failed(&[3], "the store is full");
+        worker.submit(store.start(&[4, 5], Ending::TimesOut), &[4, 5]);
+        worker.submit(store.start(&[5], Ending::Ok), &[5]);
+        worker.submit(store.start(&[6], Ending::PanicsInWait), &[6]);
+        store.complete_all();
+        let mut outcomes = worker.get_finished_outcomes(&[1, 2, 3, 4, 5, 6]);
+        outcomes.sort_unstable_by_key(|(request, _)| *request);
+        use kvtier::save::SaveOutcome::{Failed, Saved};
+        assert_eq!(
+            outcomes,
+            [
+                (1, Saved),
+                (2, Failed),
+                (3, Failed),
+                (4, Failed),
+                (5, Failed),
+                (6, Failed)
+            ],
+            "{mode:?}"
+        );
+        // A request reported, recorded again and saved well starts afresh.
+        let step = scheduler.record_step([(2, 1)]);
+        worker.begin_step(&step).expect("steps in sequence");
+        worker.submit(store.start(&[2], Ending::Ok), &[2]);
+        store.complete_all();
+        assert_eq!(worker.get_finished_outcomes(&[2]), [(2, Saved)], "{mode:?}");
+        worker.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_tracker_that_is_its_own_scheduler_records_reports_and_waits_without_reporting() {
+    let store = Store::default();
+    let mut jobs: Tracker = SaveTracker::new();
+    jobs.record(&[10, 11]);
+    assert!(jobs.is_tracked(&10) && jobs.is_tracked(&11));
+    let mut tracked: Vec<u64> = jobs.tracked().copied().collect();
+    tracked.sort_unstable();
+    assert_eq!(tracked, [10, 11]);
+    let first = store.start(&[10], Ending::Ok);
+    let io = first.id;
+    jobs.submit(first, &[10]);
+    jobs.submit(store.start(&[11], Ending::Ok), &[11]);
+    assert!(
+        jobs.get_finished(&[10, 11]).is_empty(),
+        "both still running"
+    );
+    store.complete(io);
+    assert_eq!(jobs.get_finished(&[]), [10]);
+    store.complete_all();
+    assert_eq!(jobs.wait_running(), 1, "11 is waited for ...");
+    assert!(store.nothing_reads(11));
+    assert!(jobs.is_tracked(&11), "... and not reported by the wait");
+    assert_eq!(jobs.get_finished(&[]), [11]);
+    assert_eq!(jobs.stats().steps, 0, "no step was taken");
+    jobs.check_invariants().unwrap();
+}

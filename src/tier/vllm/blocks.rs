@@ -187,6 +187,27 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_load_racing_a_store_sees_no_block_or_the_whole_block() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a/b_g0/ab.bin");
+        let bytes: Vec<u8> = (0..1 << 20).map(|i: u32| i as u8).collect();
+        for _ in 0..20 {
+            let _ = fs::remove_file(&path);
+            std::thread::scope(|scope| {
+                scope.spawn(|| store_block(&path, &bytes).expect("store"));
+                let mut block = vec![0u8; bytes.len()];
+                loop {
+                    match load_block(&path, &mut block) {
+                        Ok(()) => break assert!(block == bytes, "a whole block"),
+                        Err(TierError::Io { .. }) => {} // not there yet
+                        Err(error) => panic!("a load saw part of a block: {error}"),
+                    }
+                }
+            });
+        }
+    }
+
     #[cfg(unix)]
     #[test]
     fn a_fifo_or_a_link_loop_fails_the_load_at_once_and_stays() {

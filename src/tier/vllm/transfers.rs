@@ -434,10 +434,10 @@ fn transfer(layout: &VllmFsLayout, job: &Job, mut claim: Claim) -> Result<(), Ti
                 let Some(block) = claim.block_mut(i) else {
                     unreachable!("V1: a load holds the write claim on its blocks");
                 };
+                // guard: V4-loads-stop-at-the-first-failure
                 load_block(&path, block)?;
             }
         }
-        // guard: V4-loads-stop-at-the-first-failure
         job.progress.done.store(i + 1, Ordering::Release);
     }
     debug_assert_eq!(claim.blocks().len(), job.keys.len());

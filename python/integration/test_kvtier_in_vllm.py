@@ -1,0 +1,279 @@
+"""kvtier inside a real vLLM: what vLLM's own tier tests do not pin.
+
+Run in vLLM's venv, without the substitution plugin (vLLM's own fs tier is
+needed as it is): python/integration/vllm.sh does.
+
+- kvtier's layout rule (``kvtier.vllm.base_dir``, ``rank_dir``,
+  ``block_path``) against vLLM's ``FileMapper`` over many settings;
+- ``FsTier`` loaded by vLLM's tier factory from ``module_path`` alone;
+- vLLM's fs tier and kvtier's reading each other's files in one directory;
+- a promotion from kvtier's tier through vLLM's ``TieringOffloadingManager``;
+- the layout check refusing a vLLM whose file names kvtier does not know;
+- lookups, stores and loads that finish while the scheduler thread holds
+  the GIL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kvtier.vllm
+from kvtier.vllm import FsTier, base_dir, block_path, rank_dir
+from vllm.v1.kv_offload.base import LookupResult
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+from vllm.v1.kv_offload.tiering.manager import (
+    CPUPrimaryTierOffloadingManager,
+    TieringOffloadingManager,
+)
+
+from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
+
+BLOCKS, BLOCK_BYTES = 8, 64 * 1024
+
+
+def job(job_id, keys, chunk_ids, promotion=False, req="r"):
+    return TransferJob(
+        job_id=job_id,
+        keys=keys,
+        chunk_ids=np.array(chunk_ids, dtype=np.int64),
+        is_promotion=promotion,
+        req_context=context(req),
+    )
+
+
+def finish(tier, timeout=10.0):
+    tier.drain_jobs()
+    return list(tier.get_finished_jobs())
+
+
+def resolve(tier, keys, ctx, timeout=10.0):
+    """Looks `keys` up until none is RETRY (the scheduler asks every step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        verdicts = [tier.lookup(k, ctx) for k in keys]
+        if LookupResult.RETRY not in verdicts or time.monotonic() > deadline:
+            return verdicts
+        tier.on_schedule_end(STEP_END)
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def memory():
+    data = primary_memory(BLOCKS, BLOCK_BYTES)
+    data[:] = np.random.default_rng(7).integers(0, 256, data.shape, dtype=np.uint8)
+    return data
+
+
+def kvtier_tier(root, memory, spec=None, **settings):
+    return FsTier(
+        offloading_spec=spec or offloading_spec(),
+        primary_kv_view=memoryview(memory),
+        tier_type="kvtier",
+        root_dir=str(root),
+        n_read_threads=2,
+        n_write_threads=2,
+        **settings,
+    )
+
+
+# The layout ----------------------------------------------------------------
+
+
+GROUPS = ([], [{"tokens_per_block": 16, "layer_names": ["model.layers.0.attn", "l1"]}])
+
+
+@pytest.mark.parametrize(
+    "model, tp, pp, rank, agnostic, replicated, canonical, groups",
+    list(itertools.product(
+        ["meta-llama/Llama-3-8B", "m"],
+        [1, 4],
+        [1, 2],
+        [0, 3],
+        [False, True],
+        [False, True],
+        [None, "canonical-v1"],
+        GROUPS,
+    )),
+)
+def test_kvtiers_layout_rule_is_vllms_file_mapper(model, tp, pp, rank, agnostic, replicated, canonical, groups):
+    settings = dict(
+        model_name=model,
+        tokens_per_hash=16,
+        blocks_per_file=2,
+        tp_size=tp,
+        pp_size=pp,
+        pcp_size=1,
+        dcp_size=1,
+        dtype="float16",
+        kv_cache_groups=groups,
+        parallel_agnostic=agnostic,
+        replicated_layout=replicated,
+        canonical_format=canonical,
+    )
+    mapper = FileMapper(root_dir="/kv/root", rank=rank, **settings)
+    assert base_dir("/kv/root", **settings) == mapper.base_path
+    ranks = rank_dir("/kv/root", rank=rank, **settings)
+    assert ranks == f"{mapper.base_path}_r{mapper.rank}"
+    for n, group in [(0, 0), (1, 3), (2**120, 2**32 - 1)]:
+        assert block_path(ranks, key(n, group)) == mapper.get_file_name(key(n, group))
+
+
+# Loading and sharing ---------------------------------------------------------
+
+
+def test_vllms_factory_loads_the_tier_from_module_path_alone(tmp_path, memory):
+    config = {"type": "FsTier", "module_path": "kvtier.vllm", "root_dir": str(tmp_path),
+              "n_read_threads": 1, "n_write_threads": 1, "locality": "LOCAL"}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(memory), offloading_spec())
+    try:
+        assert isinstance(tier, FsTier) and tier.tier_type == "FsTier"
+        assert tier.locality.name == "LOCAL"
+        assert resolve(tier, [key(1)], context("a")) == [LookupResult.MISS]
+    finally:
+        tier.shutdown()
+
+
+def test_vllms_fs_tier_and_kvtiers_read_each_others_files(tmp_path, memory):
+    spec = offloading_spec(groups=((16, ("l0",)),))
+    vllms = FileSystemTierManager(spec, memoryview(memory), "fs", str(tmp_path), 2, 2)
+    ours = kvtier_tier(tmp_path, memory, spec)
+    try:
+        assert ours.file_mapper.base_path == vllms.file_mapper.base_path
+        # vLLM writes blocks 0 and 1; kvtier finds them and loads them into 4, 5.
+        vllms.submit_store(job(1, [key(1), key(2)], [0, 1]))
+        assert [r.success for r in finish(vllms)] == [True]
+        assert resolve(ours, [key(1), key(2), key(3)], context("a")) == [
+            LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
+        ours.submit_load(job(2, [key(1), key(2)], [4, 5], promotion=True))
+        assert [r.success for r in finish(ours)] == [True]
+        assert (memory[4] == memory[0]).all() and (memory[5] == memory[1]).all()
+        # kvtier writes block 2; vLLM finds it and loads it into 6.
+        ours.submit_store(job(3, [key(3)], [2]))
+        assert [r.success for r in finish(ours)] == [True]
+        vllms.submit_load(job(4, [key(3)], [6], promotion=True))
+        assert [r.success for r in finish(vllms)] == [True]
+        assert (memory[6] == memory[2]).all()
+    finally:
+        ours.shutdown()
+        vllms.shutdown()
+
+
+def test_a_promotion_from_kvtier_goes_through_vllms_tiering_manager(tmp_path, memory):
+    # A first engine stores blocks through its tier manager; a second one,
+    # with an empty primary tier, finds them in kvtier's tier and promotes them.
+    expected = [memory[0].copy(), memory[1].copy()]
+    first_memory = memory
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(first_memory))
+    tier = kvtier_tier(tmp_path, first_memory)
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    keys, ctx = [key(10), key(11)], context("writer")
+    manager.on_new_request(ctx)
+    stored = manager.prepare_store(keys, ctx)
+    assert stored is not None
+    for block, value in zip(stored.store_spec.chunk_ids, expected):
+        first_memory[block] = value
+    manager.complete_store(keys, ctx)
+    deadline = time.monotonic() + 10
+    while manager.has_pending_work() and time.monotonic() < deadline:
+        manager.on_schedule_end(STEP_END)
+        manager.lookup(key(99), ctx)  # polls the tiers' finished jobs
+        time.sleep(0.001)
+    manager.on_request_finished(ctx)
+    tier.shutdown()
+
+    second_memory = primary_memory(BLOCKS, BLOCK_BYTES)
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(second_memory))
+    tier = kvtier_tier(tmp_path, second_memory)
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    try:
+        ctx = context("reader")
+        manager.on_new_request(ctx)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            verdicts = [manager.lookup(k, ctx) for k in keys]
+            if verdicts == [LookupResult.HIT, LookupResult.HIT]:
+                break
+            manager.on_schedule_end(STEP_END)
+            time.sleep(0.001)
+        assert verdicts == [LookupResult.HIT, LookupResult.HIT]
+        loaded = manager.prepare_load(keys, ctx)
+        for block, value in zip(loaded.chunk_ids, expected):
+            assert (second_memory[block] == value).all(), "the promoted bytes are the stored ones"
+    finally:
+        tier.shutdown()
+
+
+def test_a_vllm_whose_file_names_kvtier_does_not_know_is_refused(tmp_path, memory, monkeypatch):
+    real = FileMapper.get_file_name
+    monkeypatch.setattr(FileMapper, "get_file_name", lambda self, k: real(self, k) + ".v2")
+    with pytest.raises(RuntimeError, match="not one kvtier knows"):
+        kvtier_tier(tmp_path, memory)
+
+
+# Off the GIL -----------------------------------------------------------------
+
+
+@pytest.fixture
+def gil_hog():
+    """Makes the running thread keep the GIL: no other Python thread runs
+    until it blocks, which the loops below never do."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def busy_until(done, seconds=5.0):
+    """Spins in Python, never blocking, until `done()` or the deadline."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if done():
+            return True
+    return False
+
+
+def test_lookups_stores_and_loads_finish_while_the_scheduler_thread_holds_the_gil(tmp_path, memory, gil_hog):
+    tier = kvtier_tier(tmp_path, memory)
+    try:
+        ctx = context("busy")
+        assert tier.lookup(key(1), ctx) is LookupResult.RETRY
+        tier.on_schedule_end(STEP_END)
+        assert busy_until(lambda: tier.lookup(key(1), ctx) is not LookupResult.RETRY)
+        tier.submit_store(job(1, [key(1), key(2)], [0, 1]))
+        finished = []
+        assert busy_until(lambda: finished.extend(tier.get_finished_jobs()) or finished)
+        assert finished[0].success
+        tier.submit_load(job(2, [key(2)], [7], promotion=True))
+        finished.clear()
+        assert busy_until(lambda: finished.extend(tier.get_finished_jobs()) or finished)
+        assert finished[0].success and (memory[7] == memory[1]).all()
+    finally:
+        tier.shutdown()
+
+
+def test_vllms_own_lookup_manager_cannot_answer_while_the_gil_is_held(tmp_path, memory, gil_hog):
+    # The same loop over vLLM's fs tier: its lookup worker is a Python thread,
+    # which the loop starves. This is what the test above tells apart.
+    tier = FileSystemTierManager(offloading_spec(), memoryview(memory), "fs", str(tmp_path), 1, 1)
+    try:
+        ctx = context("busy")
+        assert tier.lookup(key(1), ctx) is LookupResult.RETRY
+        tier.on_schedule_end(STEP_END)
+        assert not busy_until(lambda: tier.lookup(key(1), ctx) is not LookupResult.RETRY, seconds=0.5)
+    finally:
+        sys.setswitchinterval(0.005)
+        tier.shutdown()
+
+
+def test_the_package_keeps_working_without_the_tier(tmp_path):
+    # kvtier.vllm's other names need no vLLM; FsTier is imported on demand.
+    assert "FsTier" in kvtier.vllm.__all__
+    assert kvtier.vllm.FsTier is FsTier

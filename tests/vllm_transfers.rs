@@ -1,0 +1,302 @@
+//! vLLM's transfers on real directories: blocks stored from the primary
+//! region land as vLLM's raw files at vLLM's paths and load back; a failed
+//! load keeps the blocks before its first bad one; damaged files are removed
+//! and nothing else is; every job is reported once, only after its I/O.
+#![cfg(all(feature = "fs", not(any(kvtier_loom, kvtier_shuttle))))]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use kvtier::save::SaveOutcome;
+use kvtier::tier::{
+    FinishedTransfer, PrimaryRegion, TransferError, TransferKind, VllmFsLayout, VllmTransfers,
+};
+
+const BLOCK: usize = 4096;
+
+/// vLLM's key: the block hash, then the group index as 4 big-endian bytes.
+fn key(n: u64) -> Vec<u8> {
+    let mut key = n.to_be_bytes().to_vec();
+    key.extend_from_slice(&0u32.to_be_bytes());
+    key
+}
+
+/// Where vLLM's fs tier writes the block of `key(n)`, spelled out.
+fn vllm_path(rank_dir: &Path, n: u64) -> PathBuf {
+    let hex: String = n.to_be_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    rank_dir
+        .join(&hex[0..3])
+        .join(format!("{}_g0", &hex[3..5]))
+        .join(format!("{hex}.bin"))
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..BLOCK)
+        .map(|i| (i as u8).wrapping_mul(7) ^ seed)
+        .collect()
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    rank_dir: PathBuf,
+    transfers: VllmTransfers,
+}
+
+fn fixture(blocks: usize, threads: usize) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rank_dir = dir.path().join("model_0123456789ab_r0");
+    let layout = VllmFsLayout::new(&rank_dir).expect("layout");
+    let region = PrimaryRegion::zeroed(blocks, BLOCK).expect("region");
+    let transfers = VllmTransfers::new(layout, region, threads, threads).expect("transfers");
+    Fixture {
+        _dir: dir,
+        rank_dir,
+        transfers,
+    }
+}
+
+impl Fixture {
+    fn run(
+        &mut self,
+        kind: TransferKind,
+        id: u64,
+        keys: &[u64],
+        blocks: &[usize],
+    ) -> FinishedTransfer {
+        let keys = keys.iter().map(|&n| key(n)).collect();
+        self.transfers
+            .submit(kind, id, keys, blocks)
+            .expect("submitted");
+        self.transfers.wait_idle();
+        let mut finished = self.transfers.finished();
+        assert_eq!(finished.len(), 1, "one job, one report");
+        finished.pop().unwrap()
+    }
+
+    fn fill(&self, block: usize, seed: u8) {
+        self.transfers
+            .region()
+            .write_block(block, &pattern(seed))
+            .unwrap();
+    }
+
+    fn block(&self, block: usize) -> Vec<u8> {
+        self.transfers.region().read_block(block).unwrap()
+    }
+}
+
+#[test]
+fn stored_blocks_are_vllms_raw_files_at_vllms_paths_and_load_back_elsewhere() {
+    let mut f = fixture(8, 2);
+    f.fill(0, 1);
+    f.fill(1, 2);
+    let stored = f.run(TransferKind::Store, 1, &[10, 11], &[0, 1]);
+    assert!(stored.succeeded() && stored.done == 2);
+    assert_eq!(
+        fs::read(vllm_path(&f.rank_dir, 10)).unwrap(),
+        pattern(1),
+        "the bytes alone"
+    );
+    assert_eq!(fs::read(vllm_path(&f.rank_dir, 11)).unwrap(), pattern(2));
+
+    let loaded = f.run(TransferKind::Load, 2, &[11, 10], &[6, 7]);
+    assert!(loaded.succeeded());
+    assert_eq!(loaded.done_keys(), [key(11), key(10)]);
+    assert!(loaded.failed_keys().is_empty());
+    assert_eq!((f.block(6), f.block(7)), (pattern(2), pattern(1)));
+    assert!(
+        vllm_path(&f.rank_dir, 10).exists(),
+        "a good load leaves its file"
+    );
+}
+
+#[test]
+fn a_block_already_stored_is_not_written_again() {
+    let mut f = fixture(2, 1);
+    f.fill(0, 1);
+    assert!(f.run(TransferKind::Store, 1, &[5], &[0]).succeeded());
+    f.fill(0, 9);
+    assert!(f.run(TransferKind::Store, 2, &[5], &[0]).succeeded());
+    assert_eq!(fs::read(vllm_path(&f.rank_dir, 5)).unwrap(), pattern(1));
+}
+
+#[test]
+fn a_failed_load_keeps_the_blocks_before_its_first_bad_one_and_stops_there() {
+    let mut f = fixture(8, 1);
+    for block in 0..3 {
+        f.fill(block, block as u8 + 1);
+    }
+    assert!(
+        f.run(TransferKind::Store, 1, &[1, 2, 3], &[0, 1, 2])
+            .succeeded()
+    );
+    fs::remove_file(vllm_path(&f.rank_dir, 2)).unwrap();
+    let loaded = f.run(TransferKind::Load, 2, &[1, 2, 3], &[4, 5, 6]);
+    assert_eq!(loaded.outcome, SaveOutcome::Failed);
+    assert_eq!(loaded.done, 1);
+    assert_eq!(loaded.done_keys(), [key(1)]);
+    assert_eq!(
+        loaded.failed_keys(),
+        [key(2), key(3)],
+        "the tail from the first bad block"
+    );
+    assert_eq!(f.block(4), pattern(1), "the block before it was loaded");
+    assert_eq!(
+        f.block(6),
+        vec![0; BLOCK],
+        "nothing is loaded past the bad block"
+    );
+
+    fs::remove_file(vllm_path(&f.rank_dir, 1)).unwrap();
+    let first_bad = f.run(TransferKind::Load, 3, &[1, 3], &[4, 6]);
+    assert!(first_bad.done_keys().is_empty());
+    assert_eq!(first_bad.failed_keys().len(), 2);
+}
+
+#[test]
+fn a_short_file_is_removed_and_files_that_are_not_short_stay() {
+    let mut f = fixture(4, 1);
+    f.fill(0, 3);
+    assert!(
+        f.run(TransferKind::Store, 1, &[1, 2, 3], &[0, 0, 0])
+            .succeeded()
+    );
+    let (short, long) = (vllm_path(&f.rank_dir, 1), vllm_path(&f.rank_dir, 2));
+    fs::write(&short, b"x").unwrap();
+    fs::write(&long, vec![0u8; BLOCK + 1]).unwrap();
+    assert!(!f.run(TransferKind::Load, 2, &[1], &[1]).succeeded());
+    assert!(
+        !short.exists(),
+        "a short block is damaged: removed, so the next lookup misses"
+    );
+    assert!(!f.run(TransferKind::Load, 3, &[2], &[1]).succeeded());
+    assert!(
+        long.exists(),
+        "a longer file is another layout's block: kept"
+    );
+    #[cfg(unix)]
+    {
+        let fifo = vllm_path(&f.rank_dir, 3);
+        fs::remove_file(&fifo).unwrap();
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(
+            !f.run(TransferKind::Load, 4, &[3], &[1]).succeeded(),
+            "refused, not waited on"
+        );
+        assert!(fifo.exists());
+    }
+}
+
+#[test]
+fn a_job_is_reported_only_once_its_bytes_are_in_the_region() {
+    let mut f = fixture(2, 2);
+    f.fill(0, 5);
+    assert!(f.run(TransferKind::Store, 0, &[1], &[0]).succeeded());
+    for id in 1..=200u64 {
+        f.transfers
+            .region()
+            .write_block(1, &vec![0; BLOCK])
+            .unwrap();
+        f.transfers
+            .submit(TransferKind::Load, id, vec![key(1)], &[1])
+            .unwrap();
+        let report = loop {
+            if let Some(report) = f.transfers.finished().pop() {
+                break report;
+            }
+            std::hint::spin_loop();
+        };
+        assert!(report.succeeded());
+        assert_eq!(
+            f.block(1),
+            pattern(5),
+            "job {id} was reported before its load ended"
+        );
+    }
+}
+
+#[test]
+fn an_id_in_flight_is_refused_and_free_again_once_reported() {
+    let mut f = fixture(2, 1);
+    f.transfers
+        .submit(TransferKind::Store, 7, vec![key(1)], &[0])
+        .unwrap();
+    assert!(matches!(
+        f.transfers
+            .submit(TransferKind::Load, 7, vec![key(1)], &[1]),
+        Err(TransferError::InFlight(7))
+    ));
+    f.transfers.wait_idle();
+    assert_eq!(f.transfers.finished().len(), 1);
+    assert!(f.transfers.finished().is_empty(), "reported once");
+    f.transfers
+        .submit(TransferKind::Load, 7, vec![key(1)], &[1])
+        .unwrap();
+    f.transfers.wait_idle();
+    assert!(f.transfers.finished()[0].succeeded());
+}
+
+#[test]
+fn jobs_that_cannot_run_are_reported_failed_and_touch_nothing() {
+    let mut f = fixture(2, 1);
+    let cases: [(&[u64], &[usize]); 3] = [
+        (&[1], &[2]),       // past the region's last block
+        (&[1, 2], &[0]),    // keys and blocks of different counts
+        (&[1, 2], &[1, 1]), // one block loaded twice at once
+    ];
+    for (id, (keys, blocks)) in cases.iter().enumerate() {
+        let report = f.run(TransferKind::Load, id as u64, keys, blocks);
+        assert_eq!(
+            (report.outcome, report.done),
+            (SaveOutcome::Failed, 0),
+            "case {id}"
+        );
+    }
+    let keys = vec![key(1)];
+    f.transfers
+        .refuse(TransferKind::Store, 9, keys, "the caller said no")
+        .unwrap();
+    let refused = f.transfers.finished();
+    assert_eq!(
+        (refused[0].id, refused[0].outcome),
+        (9, SaveOutcome::Failed)
+    );
+    assert!(!f.rank_dir.exists(), "nothing was written");
+    // The claims of refused jobs were given back.
+    assert!(f.run(TransferKind::Store, 10, &[1, 2], &[1, 1]).succeeded());
+}
+
+#[test]
+fn shutdown_drops_queued_jobs_reports_them_failed_and_stops_the_threads() {
+    let mut f = fixture(256, 1);
+    assert_eq!(f.transfers.threads_alive(), 2);
+    for id in 0..256u64 {
+        let block = id as usize;
+        f.transfers
+            .submit(TransferKind::Store, id, vec![key(id)], &[block])
+            .unwrap();
+    }
+    let dropped = f.transfers.shutdown();
+    // Two threads cannot have written 256 blocks while the jobs were queued.
+    assert!(dropped > 0, "the queued jobs were dropped, not run");
+    assert_eq!(f.transfers.threads_alive(), 0);
+    assert_eq!(f.transfers.queued(TransferKind::Store), 0);
+    let finished = f.transfers.finished();
+    assert_eq!(finished.len(), 256, "every job is reported, dropped or not");
+    let failed = finished.iter().filter(|job| !job.succeeded()).count();
+    assert_eq!(failed, dropped, "exactly the dropped jobs failed");
+    f.transfers
+        .submit(TransferKind::Store, 99, vec![key(1)], &[0])
+        .unwrap();
+    assert!(
+        !f.transfers.finished()[0].succeeded(),
+        "a job after shutdown fails"
+    );
+    assert!(f.transfers.in_flight().is_empty());
+}
