@@ -59,6 +59,26 @@ def pytest(*tests):
             f"&& {bin}/python -m pytest -x -q -s -p no:cacheprovider " + " ".join(tests)]
 
 
+# The vLLM tier's Python code (N*): vLLM's own tier tests, or kvtier's checks
+# inside vLLM, in the venv python/integration/vllm.sh made (run it first),
+# with the scratch tree's Python code in front of the native module that
+# venv has (N mutations change Python code only). Run by name, like P.
+VLLM_VENV = os.environ.get("KVTIER_VLLM_VENV", os.path.join(ROOT, "target", "vllm-venv"))
+VLLM_TESTS = os.path.join(os.environ.get("KVTIER_VLLM_WORK", os.path.join(ROOT, "target", "vllm-work")), "tests")
+
+
+def in_vllm(mode, test_file, test):
+    py = os.path.join(VLLM_VENV, "bin", "python")
+    if mode == "own":
+        where, plugin, path = "python/integration", "", "$tree/python:$tree/python/integration"
+    else:
+        where, plugin, path = VLLM_TESTS, "-p kvtier_vllm_plugin", "$tree/python:$tree/python/integration"
+    return ["bash", "-c",
+            f"tree=$PWD && cp \"$({py} -c 'import kvtier._native as n; print(n.__file__)')\" python/kvtier/ "
+            f"&& cd {where} && KVTIER_VLLM_MODE={mode} PYTHONPATH={path} "
+            f"{py} -m pytest -x -q -p no:cacheprovider {plugin} {test_file} -k {test}"]
+
+
 def ensure_py_venv():
     if not os.path.exists(os.path.join(PY_VENV, "bin", "maturin")):
         subprocess.run([sys.executable, "-m", "venv", PY_VENV], check=True)
@@ -99,6 +119,11 @@ SUITES = {
     },
     "P": {
         "pytest": (pytest("tests"), {}),
+    },
+    "N": {
+        "vLLM's tests, native": (in_vllm("native", "test_fs_tier.py", "test"), {}),
+        "vLLM's tests, python": (in_vllm("python", "test_async_lookup.py", "test"), {}),
+        "kvtier in vLLM": (in_vllm("own", "test_kvtier_in_vllm.py", "test"), {}),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -874,6 +899,42 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--lib", "a_thread_serves_its_own_lane_first"],
     ),
     Mutation(
+        "N1-a-failed-load-gives-up-only-its-tail",
+        "a failed load marks every key of the job a miss, also those it loaded",
+        [("self._lookup_manager.mark_miss(keys[done:])", "self._lookup_manager.mark_miss(keys)")],
+        in_vllm("native", "test_fs_tier.py", "test_batched_partial_load_failure_keeps_loaded_blocks"),
+    ),
+    Mutation(
+        "N1-a-failed-load-keeps-its-leading-blocks",
+        "a failed load reports no successful keys, so the primary tier drops the blocks it loaded",
+        [("successful_keys = tuple(keys[:done]) or None", "successful_keys = None")],
+        in_vllm("native", "test_fs_tier.py", "test_batched_partial_load_failure_keeps_loaded_blocks"),
+    ),
+    Mutation(
+        "N2-events-only-for-stores-that-succeeded",
+        "a store job that failed still emits a stored event",
+        [("elif success and keys and not is_load", "elif keys and not is_load")],
+        in_vllm("native", "test_fs_tier.py", "test_mixed_job_results_emit_event_only_for_successful_job"),
+    ),
+    Mutation(
+        "N3-the-native-lookup-answers-vllms-verdicts",
+        "the tier's native lookup answers True/False/None instead of vLLM's LookupResult",
+        [("        lookup.set_verdicts(LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY)\n", "")],
+        in_vllm("native", "test_fs_tier.py", "test_lookup_empty_tier"),
+    ),
+    Mutation(
+        "N4-a-layout-vllm-does-not-share-is-refused",
+        "the tier runs on although this vLLM names its block files differently",
+        [("        if os.path.normpath(ours) != os.path.normpath(theirs):", "        if False:")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_a_vllm_whose_file_names_kvtier_does_not_know_is_refused"),
+    ),
+    Mutation(
+        "N5-a-forged-stale-answer-is-dropped",
+        "the compatibility view checks a forged answer without its generation",
+        [("                if state is None or state[0] != generation:", "                if state is None:")],
+        in_vllm("python", "test_async_lookup.py", "test_stale_result_ignored_after_cleanup_and_key_reuse"),
+    ),
+    Mutation(
         "P2-shutdown-lets-go-of-the-gil",
         "Lookup.shutdown joins the prober holding the GIL, which a Python backend's last call needs",
         [("let stopped = py.detach(move || lookup.shutdown());",
@@ -952,11 +1013,13 @@ def sync_scratch():
 
 
 GUARD_WINDOW = 12
-GUARD_TAG = re.compile(r"^[ \t]*// guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
+GUARD_TAG = re.compile(r"^[ \t]*(?://|#) guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
 
 
-#: Where guard tags live: the library, and the Python package's native module.
-GUARDED = ["src", os.path.join("python", "src")]
+#: Where guard tags live: the library, the Python package's native module
+#: (Rust, `// guard:`) and its Python code (`# guard:`).
+GUARDED = ["src", os.path.join("python", "src"), os.path.join("python", "kvtier")]
+GUARDED_SUFFIXES = (".rs", ".py")
 
 
 def guard_tags(tree):
@@ -965,7 +1028,7 @@ def guard_tags(tree):
     tags = {}
     for folder, _, files in (w for top in GUARDED for w in os.walk(os.path.join(tree, top))):
         for name in sorted(files):
-            if not name.endswith(".rs"):
+            if not name.endswith(GUARDED_SUFFIXES):
                 continue
             path = os.path.join(folder, name)
             kept = 0
@@ -1134,8 +1197,9 @@ def main():
     prefixes = [a for a in args if a != "--matrix"]
     selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]
     if not prefixes:
-        # Each P mutant rebuilds the extension module: asked for by name only.
-        selected = [m for m in selected if not m.id.startswith("P")]
+        # Each P mutant rebuilds the extension module, and each N mutant
+        # needs vLLM's venv (python/integration/vllm.sh): asked for by name only.
+        selected = [m for m in selected if not m.id.startswith(("P", "N"))]
     if not selected:
         sys.exit(f"no mutation id starts with {prefixes}")
     if any(m.id.startswith("P") for m in selected):

@@ -58,15 +58,17 @@ fn is_check_name(name: &str) -> bool {
 /// A mutation id: a protocol letter, a number, `-`, lowercase words.
 fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
-    matches!(chars.next(), Some('L' | 'S' | 'T' | 'F' | 'W' | 'P'))
-        && span[1..].split_once('-').is_some_and(|(number, rest)| {
-            !number.is_empty()
-                && number.bytes().all(|b| b.is_ascii_digit())
-                && !rest.is_empty()
-                && rest
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
+    matches!(
+        chars.next(),
+        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N')
+    ) && span[1..].split_once('-').is_some_and(|(number, rest)| {
+        !number.is_empty()
+            && number.bytes().all(|b| b.is_ascii_digit())
+            && !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    })
 }
 
 #[test]
@@ -147,7 +149,8 @@ fn mutation_ids(mutants: &str) -> Vec<String> {
 }
 
 /// Every mutation is anchored on a `// guard: <id>` tag in the library (or
-/// the Python package's native module), and
+/// the Python package's native module, or `# guard: <id>` in its Python
+/// code), and
 /// every tag belongs to a mutation: a guard nobody mutates is a claim with
 /// no check behind it, and a mutation without its tag cannot run.
 #[test]
@@ -156,10 +159,15 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     rust_files(&root.join("python/src"), &mut files);
+    source_files(&root.join("python/kvtier"), "py", &mut files);
     let mut tags = std::collections::BTreeSet::new();
     for file in &files {
         for line in std::fs::read_to_string(file).unwrap().lines() {
-            if let Some(id) = line.trim().strip_prefix("// guard: ") {
+            let line = line.trim();
+            if let Some(id) = line
+                .strip_prefix("// guard: ")
+                .or_else(|| line.strip_prefix("# guard: "))
+            {
                 tags.insert(id.trim().to_owned());
             }
         }

@@ -68,5 +68,37 @@ if MODE == "native":
     _fs_manager.FileSystemTierManager = FsTierUnderVllmTests
 
 
+# How many of kvtier's objects the tests built: a substitution that did not
+# take would leave vLLM's classes in use and these at zero.
+BUILT = {"lookup managers": 0, "fs tiers": 0}
+
+
+def _counting(cls, what):
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        BUILT[what] += 1
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
+_counting(kvtier.vllm.AsyncLookupManager, "lookup managers")
+if MODE == "native":
+    _counting(FsTier, "fs tiers")
+
+
 def pytest_report_header(config):
     return f"kvtier substitution: {MODE} mode"
+
+
+def pytest_terminal_summary(terminalreporter):
+    built = ", ".join(f"{count} {what}" for what, count in BUILT.items())
+    terminalreporter.write_line(f"kvtier ({MODE} mode) built {built}")
+
+
+def pytest_sessionfinish(session):
+    needed = ["lookup managers"] + (["fs tiers"] if MODE == "native" else [])
+    if session.testscollected and any(BUILT[what] == 0 for what in needed):
+        session.exitstatus = 1
+        print(f"\nkvtier's classes were never used ({BUILT}): the substitution did not take")

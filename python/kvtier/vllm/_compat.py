@@ -162,6 +162,7 @@ class PublishedAnswers:
         for batch in forged:
             for key, generation, _found in batch:
                 state = self._inspector.key_state(key)
+                # guard: N5-a-forged-stale-answer-is-dropped
                 if state is None or state[0] != generation:
                     continue  # stale: the key was cleaned up (and reused) since
                 if state[1] == "resolved":

