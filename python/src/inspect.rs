@@ -23,6 +23,9 @@ impl LookupInspector {
     }
 }
 
+/// What `key_state` answers: `(generation, phase, found, requesters)`.
+type KeyState = (u64, &'static str, Option<bool>, usize);
+
 fn bytes_list<'py>(py: Python<'py>, keys: &[Key]) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))
 }
@@ -37,7 +40,7 @@ impl LookupInspector {
         &self,
         py: Python<'_>,
         key: Vec<u8>,
-    ) -> PyResult<Option<(u64, &'static str, Option<bool>, usize)>> {
+    ) -> PyResult<Option<KeyState>> {
         guard(|| {
             let lookup = self.lookup.bind(py).borrow();
             let Some(state) = lookup.table().and_then(|table| table.key_state(&key)) else {
