@@ -36,11 +36,7 @@ impl LookupInspector {
     /// table does not track it. `phase` is `"pending"` (goes out at the
     /// next flush), `"in_flight"`, `"overdue"` (in flight past its budget:
     /// looked up as a miss) or `"resolved"`; `found` is set once resolved.
-    fn key_state(
-        &self,
-        py: Python<'_>,
-        key: Vec<u8>,
-    ) -> PyResult<Option<KeyState>> {
+    fn key_state(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<Option<KeyState>> {
         guard(|| {
             let lookup = self.lookup.bind(py).borrow();
             let Some(state) = lookup.table().and_then(|table| table.key_state(&key)) else {
