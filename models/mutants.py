@@ -10,6 +10,10 @@ fails.
     python3 models/mutants.py --matrix   # every mutation against every suite
     python3 models/mutants.py --anchors  # only check that every mutation applies
     python3 models/mutants.py P          # the Python package's (not in the default run)
+    python3 models/mutants.py N          # vLLM's tier (needs python/integration/vllm.sh's venv)
+    python3 models/mutants.py --record   # as the default run, then record it (below)
+    python3 models/mutants.py --ci       # what CI runs: changed since the record, and a sample
+    python3 models/mutants.py --check-selection  # the CI rule cannot skip a changed guard
 
 Each mutation names the invariant (docs/design.md) whose guard it breaks, the
 text it replaces, and the check expected to catch it. The code marks each
@@ -26,6 +30,12 @@ instead (unit and integration tests, the differential test, proptest, the
 fuzz corpus replay, loom, shuttle) and prints a markdown table per protocol
 of which suites catch it: the evidence tables of docs/verification.md. It
 takes about an hour.
+
+--record adds, for each mutation just run (all of them caught), a
+fingerprint of its definition and of every file its verdict depends on
+(its guard's file, its check's test files: check_inputs) to
+models/mutants-record.json. --ci runs every mutation whose fingerprint is
+not the recorded one, and every SAMPLE_EVERY-th of the rest.
 """
 
 import os
@@ -1189,13 +1199,228 @@ def matrix(selected, tree):
     sys.exit(1 if uncaught else 0)
 
 
+# What CI runs: the mutations whose inputs changed since a recorded run,
+# and a fixed sample (docs/verification.md, "Mutations in CI").
+
+#: Fingerprints of the mutations of the last recorded run, by id.
+RECORD = os.path.join(ROOT, "models", "mutants-record.json")
+#: The fixed sample: every SAMPLE_EVERY-th mutation in registry order.
+SAMPLE_EVERY = 8
+CHANGED = "changed since the recorded run"
+
+
+_INPUTS = {}
+
+
+def check_inputs(mutation, tree):
+    """See _check_inputs; computed once per mutation and tree."""
+    if (mutation.id, tree) not in _INPUTS:
+        _INPUTS[(mutation.id, tree)] = _check_inputs(mutation, tree)
+    return _INPUTS[(mutation.id, tree)]
+
+
+#: Where each package's library code and integration tests live.
+PACKAGES = {
+    "kvtier": ("src", "tests"),
+    "kvtier-models": (os.path.join("models", "src"), os.path.join("models", "tests")),
+    "kvtier-cli": (os.path.join("cli", "src"), os.path.join("cli", "tests")),
+}
+
+
+def _check_inputs(mutation, tree):
+    """The files a mutation's verdict depends on that a change can touch
+    without touching the mutation itself, paths relative to the tree:
+
+    - its guard's file (where its `guard:` tags are);
+    - for a cargo check: each integration test it names (`--test X`) with
+      the test helpers beside it (`common/`), and for a models test the
+      models' library (the reference models); for `--lib` every file of the
+      package's library (its unit tests may sit in any of them); for
+      `--tests`, or no target at all, all of these;
+    - for a pytest check: the Python package's code, the tests it names
+      (or the whole folder it names) and the Python files beside them; for
+      vLLM's own tests, the plugin and helpers they run through.
+    """
+    files = set()
+    places = cached_guard_tags(tree).get(mutation.id) or []
+    files.update(file for file, _ in places)
+    command = mutation.check
+    if command[:2] == ["cargo", "test"]:
+        package = command[command.index("-p") + 1] if "-p" in command else "kvtier"
+        lib, tests = PACKAGES[package]
+        names = [command[i + 1] for i, arg in enumerate(command) if arg == "--test"]
+        every_target = "--tests" in command or not (names or "--lib" in command)
+        if every_target:
+            names += [n[:-3] for n in os.listdir(os.path.join(tree, tests)) if n.endswith(".rs")]
+        for name in names:
+            files.add(os.path.join(tests, name + ".rs"))
+            files.update(all_files(tree, os.path.join(tests, "common")))
+            if package == "kvtier-models":
+                files.update(all_files(tree, lib))
+        if "--lib" in command or every_target:
+            files.update(all_files(tree, lib))
+    else:
+        script = " ".join(command)
+        files.update(all_files(tree, os.path.join("python", "kvtier"), suffix=".py"))
+        for folder in (os.path.join("python", "tests"), os.path.join("python", "integration")):
+            named = re.findall(r"(test_\w+\.py)", script)
+            whole = re.search(r"pytest .*\btests\b(?!/)", script) and folder.endswith("tests")
+            for name in (n for n in named if os.path.exists(os.path.join(tree, folder, n))):
+                files.add(os.path.join(folder, name))
+                files.update(all_files(tree, folder, suffix=".py", top_only=True))
+            if whole:
+                files.update(all_files(tree, folder, suffix=".py", top_only=True))
+        if "kvtier_vllm_plugin" in script:
+            # vLLM's own tests, through our plugin and its helpers.
+            files.update(all_files(tree, os.path.join("python", "integration"), suffix=".py", top_only=True))
+        files = {f for f in files if not os.path.basename(f).startswith("bench_")}
+    missing = [f for f in files if not os.path.exists(os.path.join(tree, f))]
+    assert not missing, f"{mutation.id}: its check names files that do not exist: {missing}"
+    return sorted(files)
+
+
+_TAGS = {}
+
+
+def cached_guard_tags(tree):
+    if tree not in _TAGS:
+        _TAGS[tree] = guard_tags(tree)
+    return _TAGS[tree]
+
+
+def all_files(tree, folder, suffix=".rs", top_only=False):
+    found = []
+    for here, dirs, names in os.walk(os.path.join(tree, folder)):
+        found += [os.path.relpath(os.path.join(here, n), tree) for n in names if n.endswith(suffix)]
+        if top_only:
+            break
+    return found
+
+
+def fingerprint(mutation, tree, read=None):
+    """A hash of everything a mutation's verdict depends on (see
+    check_inputs) and of the mutation itself."""
+    import hashlib
+
+    read = read or (lambda path: open(os.path.join(tree, path), "rb").read())
+    digest = hashlib.sha256(repr((mutation.id, mutation.edits, mutation.check, mutation.env)).encode())
+    for path in check_inputs(mutation, tree):
+        digest.update(path.encode() + b"\0" + read(path) + b"\0")
+    return digest.hexdigest()
+
+
+def ci_selection(mutations, record, tree, read=None):
+    """[(mutation, why)] CI runs: every mutation whose fingerprint is not
+    the recorded one (its guard, its check or the mutation changed, or it is
+    new), and every SAMPLE_EVERY-th one."""
+    chosen = []
+    position = {m.id: i for i, m in enumerate(MUTATIONS)}
+    for mutation in mutations:
+        if changed(mutation, record, tree, read):
+            chosen.append((mutation, CHANGED))
+        elif position.get(mutation.id, 0) % SAMPLE_EVERY == 0:
+            chosen.append((mutation, "fixed sample"))
+    return chosen
+
+
+def changed(mutation, record, tree, read=None):
+    """Whether the mutation, or a file its verdict depends on, is not as
+    the record has it (a new mutation is changed)."""
+    return record.get(mutation.id) != fingerprint(mutation, tree, read)
+
+
+def read_record():
+    if not os.path.exists(RECORD):
+        return {}
+    import json
+
+    return json.load(open(RECORD))["fingerprints"]
+
+
+def write_record(fingerprints):
+    """Adds `fingerprints` (of mutations all caught just now, taken of the
+    tree they were run in before the run) to the record."""
+    import json
+    import subprocess as sp
+
+    record = read_record()
+    record.update(fingerprints)
+    commit = sp.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    data = {"recorded_at_commit": commit, "recorded": time.strftime("%Y-%m-%d"), "fingerprints": dict(sorted(record.items()))}
+    with open(RECORD, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    print(f"recorded {len(fingerprints)} fingerprints in {os.path.relpath(RECORD, ROOT)}")
+
+
+def check_selection():
+    """--check-selection: the CI rule cannot skip a changed guard. Against
+    a record of the tree as it stands, CI picks exactly the fixed sample;
+    then, for every mutation, a change to its guard's file, to each file its
+    check names, or to the mutation itself gets it picked."""
+    record = {m.id: fingerprint(m, ROOT) for m in MUTATIONS}
+    picked = {m.id for m, _ in ci_selection(MUTATIONS, record, ROOT)}
+    sample = {m.id for i, m in enumerate(MUTATIONS) if i % SAMPLE_EVERY == 0}
+    assert picked == sample, f"an unchanged tree picks {sorted(picked - sample)} beyond the sample"
+    missed = []
+    tags = guard_tags(ROOT)
+    for mutation in MUTATIONS:
+        inputs = check_inputs(mutation, ROOT)
+        # Found here on their own, not through check_inputs: the guard's
+        # file and every test file the check names must be among the inputs.
+        must = {file for file, _ in tags.get(mutation.id, [])}
+        assert must, f"{mutation.id} has no guard tag"
+        words = " ".join(mutation.check).split()
+        for i, word in enumerate(words[:-1]):
+            if word == "--test":
+                must |= {os.path.join(d, words[i + 1] + ".rs") for d in ("tests", "models/tests", "cli/tests")
+                         if os.path.exists(os.path.join(ROOT, d, words[i + 1] + ".rs"))}
+        must |= {os.path.join(d, n) for n in re.findall(r"test_\w+\.py", " ".join(words))
+                 for d in ("python/tests", "python/integration") if os.path.exists(os.path.join(ROOT, d, n))}
+        missed += [(mutation.id, f"{file} is not among its inputs") for file in sorted(must - set(inputs))]
+        for changed_file in inputs:
+            def read(path, changed_file=changed_file):
+                text = open(os.path.join(ROOT, path), "rb").read()
+                return text + b"\n// changed" if path == changed_file else text
+
+            if ci_selection([mutation], record, ROOT, read) != [(mutation, CHANGED)]:
+                missed.append((mutation.id, changed_file))
+        edited = Mutation(mutation.id, mutation.what, mutation.edits + [("x", "y")], mutation.check, mutation.env)
+        if ci_selection([edited], record, ROOT) != [(edited, CHANGED)]:
+            missed.append((mutation.id, "its own definition"))
+    assert not missed, f"changes the CI rule would skip: {missed[:10]}"
+    stale = sorted(set(read_record()) - {m.id for m in MUTATIONS})
+    assert not stale, f"{os.path.relpath(RECORD, ROOT)} records mutations that no longer exist: {stale}"
+    print(f"CI rule: an unchanged tree runs the {len(sample)}-mutation sample; "
+          f"a change to any of the guard or check files of each of {len(MUTATIONS)} mutations, "
+          "or to the mutation, gets it run")
+
+
 def main():
     args = sys.argv[1:]
     if args == ["--anchors"]:
         check_anchors()
+    if args == ["--check-selection"]:
+        check_selection()
+        sys.exit(0)
+    if "--ci" in args:
+        if not os.path.exists(RECORD):
+            print(f"no {os.path.relpath(RECORD, ROOT)}: every mutation is changed")
+        chosen = ci_selection(MUTATIONS, read_record(), ROOT)
+        for mutation, why in chosen:
+            print(f"selected {mutation.id}: {why}")
+        print(f"CI runs {len(chosen)} of {len(MUTATIONS)} mutations")
+        args = [m.id for m, _ in chosen]
+        if not args:
+            sys.exit(0)
+    record = "--record" in args
+    args = [a for a in args if a != "--record"]
     as_matrix = "--matrix" in args
     prefixes = [a for a in args if a != "--matrix"]
     selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]
+    if "--ci" in sys.argv[1:]:
+        exact = set(prefixes)
+        selected = [m for m in MUTATIONS if m.id in exact]
     if not prefixes:
         # Each P mutant rebuilds the extension module, and each N mutant
         # needs vLLM's venv (python/integration/vllm.sh): asked for by name only.
@@ -1205,6 +1430,7 @@ def main():
     if any(m.id.startswith("P") for m in selected):
         ensure_py_venv()
     tree = sync_scratch()
+    fingerprints = {m.id: fingerprint(m, tree) for m in selected} if record else {}
     if as_matrix:
         matrix(selected, tree)
     baseline({(tuple(m.check), tuple(sorted((m.env or {}).items()))) for m in selected}, tree)
@@ -1217,6 +1443,8 @@ def main():
         print(f"         check: {' '.join(mutation.check)}")
         print(f"         -> {detail}")
     print(f"\n{len(selected) - bad} of {len(selected)} mutations caught")
+    if record and not bad:
+        write_record(fingerprints)
     sys.exit(1 if bad else 0)
 
 

@@ -202,3 +202,22 @@ fn every_mutation_applies_to_the_code_as_it_stands() {
     assert!(output.status.success(), "stale mutations:\n{report}");
     assert!(report.contains(" mutations anchored"), "{report}");
 }
+
+/// The rule that picks CI's mutations (docs/verification.md, "Mutations in
+/// CI") cannot skip a changed guard: against a record of the tree as it
+/// stands only the fixed sample is picked, and a change to any file a
+/// mutation's verdict depends on (its guard's file, its check's files), or
+/// to the mutation itself, gets that mutation picked.
+#[test]
+fn the_ci_mutation_rule_picks_every_changed_guard() {
+    let root = root();
+    let output = std::process::Command::new("python3")
+        .arg(root.join("models/mutants.py"))
+        .arg("--check-selection")
+        .output()
+        .expect("python3 runs models/mutants.py");
+    let report = String::from_utf8_lossy(&output.stdout);
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{report}\n{errors}");
+    assert!(report.contains("gets it run"), "{report}");
+}

@@ -1,4 +1,15 @@
-"""kvtier for vLLM: the secondary-tier lookup manager and vLLM's block layout.
+"""kvtier for vLLM: a secondary tier, its lookup manager and vLLM's block layout.
+
+``FsTier`` is a whole secondary tier for vLLM's ``TieringOffloadingManager``,
+loaded by vLLM from its config alone (no patch)::
+
+    {"type": "FsTier", "module_path": "kvtier.vllm", "root_dir": "/mnt/kv-cache"}
+
+It takes its directory from vLLM's own ``FileMapper``, answers lookups
+with kvtier's native prober and runs stores and loads on native threads
+that read and write the primary tier's memory without the GIL, in vLLM's
+raw block format: vLLM's fs tier and kvtier's read each other's files.
+Importing ``FsTier`` imports vLLM; nothing else here does.
 
 ``AsyncLookupManager`` has the contract of the per-tier lookup manager
 vLLM's tier manager composes: ``lookup(key, req_context)`` answers ``True``
