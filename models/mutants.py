@@ -508,7 +508,7 @@ MUTATIONS = [
         "a finished id that never saved is queued for report",
         [("                Recorded::No => self.stats.not_delayed += 1,",
           "                Recorded::No => {\n"
-          "                    let state = RequestState { recorded: Recorded::No, tasks: None };\n"
+          "                    let state = RequestState { recorded: Recorded::No, tasks: None, failed: false };\n"
           "                    self.requests.entry(request.clone()).or_insert(state).recorded = Recorded::Finished;\n"
           "                    self.recorded += 1;\n"
           "                    self.finishing.push(request.clone());\n"
@@ -1303,10 +1303,24 @@ def fingerprint(mutation, tree, read=None):
     import hashlib
 
     read = read or (lambda path: open(os.path.join(tree, path), "rb").read())
-    digest = hashlib.sha256(repr((mutation.id, mutation.edits, mutation.check, mutation.env)).encode())
+    digest = hashlib.sha256(repr((mutation.id, mutation.edits, portable(mutation.check), mutation.env)).encode())
     for path in check_inputs(mutation, tree):
         digest.update(path.encode() + b"\0" + read(path) + b"\0")
     return digest.hexdigest()
+
+
+def portable(check):
+    """A check with the machine's paths (the checkout, the venvs, vLLM's
+    extracted tests) replaced by names, so a record made in one checkout
+    holds in another (CI clones elsewhere)."""
+    places = sorted([(VLLM_TESTS, "$VLLM_TESTS"), (VLLM_VENV, "$VLLM_VENV"), (PY_VENV, "$PY_VENV"),
+                     (SCRATCH, "$SCRATCH"), (ROOT, "$ROOT")], key=lambda p: -len(p[0]))
+    out = []
+    for arg in check:
+        for path, name in places:
+            arg = arg.replace(path, name)
+        out.append(arg)
+    return out
 
 
 def ci_selection(mutations, record, tree, read=None):
