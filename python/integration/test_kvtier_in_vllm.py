@@ -5,7 +5,8 @@ needed as it is): python/integration/vllm.sh does.
 
 - kvtier's layout rule (``kvtier.vllm.base_dir``, ``rank_dir``,
   ``block_path``) against vLLM's ``FileMapper`` over many settings;
-- ``FsTier`` loaded by vLLM's tier factory from ``module_path`` alone;
+- ``FsTier`` loaded by vLLM's tier factory from ``module_path`` alone, and
+  the README's KV transfer config read by vLLM's tiering spec;
 - vLLM's fs tier and kvtier's reading each other's files in one directory;
 - a promotion from kvtier's tier through vLLM's ``TieringOffloadingManager``;
 - the layout check refusing a vLLM whose file names kvtier does not know;
@@ -16,6 +17,9 @@ needed as it is): python/integration/vllm.sh does.
 from __future__ import annotations
 
 import itertools
+import json
+import pathlib
+import re
 import sys
 import time
 
@@ -29,10 +33,12 @@ from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.manager import (
     CPUPrimaryTierOffloadingManager,
     TieringOffloadingManager,
 )
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
 
@@ -136,6 +142,25 @@ def test_vllms_factory_loads_the_tier_from_module_path_alone(tmp_path, memory):
     try:
         assert isinstance(tier, FsTier) and tier.tier_type == "FsTier"
         assert tier.locality.name == "LOCAL"
+        assert resolve(tier, [key(1)], context("a")) == [LookupResult.MISS]
+    finally:
+        tier.shutdown()
+
+
+def test_the_readmes_kv_transfer_config_builds_kvtiers_tier(tmp_path, memory):
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### kvtier in vLLM", 1)[1]
+    config = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    assert config["kv_connector"] == "OffloadingConnector"
+    extra = config["kv_connector_extra_config"]
+    # The spec vLLM picks by this name, and the tier classes it resolves.
+    assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
+    assert TieringOffloadingSpec.build_metric_definitions(extra)
+    (tier_config,) = extra["secondary_tiers"]
+    tier_config = dict(tier_config, root_dir=str(tmp_path))
+    tier = SecondaryTierFactory.create_secondary_tier(tier_config, memoryview(memory), offloading_spec())
+    try:
+        assert isinstance(tier, FsTier)
         assert resolve(tier, [key(1)], context("a")) == [LookupResult.MISS]
     finally:
         tier.shutdown()

