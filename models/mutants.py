@@ -1262,8 +1262,8 @@ def _check_inputs(mutation, tree):
     else:
         script = " ".join(command)
         files.update(all_files(tree, os.path.join("python", "kvtier"), suffix=".py"))
+        named = re.findall(r"(test_\w+\.py)", script)
         for folder in (os.path.join("python", "tests"), os.path.join("python", "integration")):
-            named = re.findall(r"(test_\w+\.py)", script)
             whole = re.search(r"pytest .*\btests\b(?!/)", script) and folder.endswith("tests")
             for name in (n for n in named if os.path.exists(os.path.join(tree, folder, n))):
                 files.add(os.path.join(folder, name))
@@ -1372,6 +1372,10 @@ def check_selection():
     a record of the tree as it stands, CI picks exactly the fixed sample;
     then, for every mutation, a change to its guard's file, to each file its
     check names, or to the mutation itself gets it picked."""
+    # A record holds in any checkout: no machine path in what is hashed.
+    spelled = [m.id for m in MUTATIONS
+               if any(path in arg for arg in portable(m.check) for path in (ROOT, VLLM_VENV, VLLM_TESTS))]
+    assert not spelled, f"fingerprints of {spelled} would hash this machine's paths"
     record = {m.id: fingerprint(m, ROOT) for m in MUTATIONS}
     picked = {m.id for m, _ in ci_selection(MUTATIONS, record, ROOT)}
     sample = {m.id for i, m in enumerate(MUTATIONS) if i % SAMPLE_EVERY == 0}
@@ -1417,6 +1421,8 @@ def main():
     if args == ["--check-selection"]:
         check_selection()
         sys.exit(0)
+    record = "--record" in args
+    args = [a for a in args if a != "--record"]
     if "--ci" in args:
         if not os.path.exists(RECORD):
             print(f"no {os.path.relpath(RECORD, ROOT)}: every mutation is changed")
@@ -1427,8 +1433,6 @@ def main():
         args = [m.id for m, _ in chosen]
         if not args:
             sys.exit(0)
-    record = "--record" in args
-    args = [a for a in args if a != "--record"]
     as_matrix = "--matrix" in args
     prefixes = [a for a in args if a != "--matrix"]
     selected = [m for m in MUTATIONS if not prefixes or any(m.id.startswith(p) for p in prefixes)]

@@ -214,15 +214,27 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
 /// otherwise only the (long) mutation run would notice.
 #[test]
 fn every_mutation_applies_to_the_code_as_it_stands() {
-    let root = root();
+    let report = mutants_py("--anchors");
+    assert!(
+        report.contains(" mutations anchored"),
+        "stale mutations:\n{report}"
+    );
+}
+
+/// Runs `models/mutants.py <arg>`; its output, once it has succeeded.
+fn mutants_py(arg: &str) -> String {
     let output = std::process::Command::new("python3")
-        .arg(root.join("models/mutants.py"))
-        .arg("--anchors")
+        .arg(root().join("models/mutants.py"))
+        .arg(arg)
         .output()
         .expect("python3 runs models/mutants.py");
-    let report = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "stale mutations:\n{report}");
-    assert!(report.contains(" mutations anchored"), "{report}");
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "mutants.py {arg}:\n{report}\n{errors}"
+    );
+    report
 }
 
 /// The rule that picks CI's mutations (docs/verification.md, "Mutations in
@@ -232,14 +244,6 @@ fn every_mutation_applies_to_the_code_as_it_stands() {
 /// to the mutation itself, gets that mutation picked.
 #[test]
 fn the_ci_mutation_rule_picks_every_changed_guard() {
-    let root = root();
-    let output = std::process::Command::new("python3")
-        .arg(root.join("models/mutants.py"))
-        .arg("--check-selection")
-        .output()
-        .expect("python3 runs models/mutants.py");
-    let report = String::from_utf8_lossy(&output.stdout);
-    let errors = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{report}\n{errors}");
+    let report = mutants_py("--check-selection");
     assert!(report.contains("gets it run"), "{report}");
 }

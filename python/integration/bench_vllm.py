@@ -225,16 +225,15 @@ def measure(root, spec, args):
 
 
 def report(runs, args):
+    def value(run, name, mode, field):
+        figure = run[(name, mode)]
+        return figure if field is None else figure[field]
 
     def median(name, mode, field=None):
-        return statistics.median(r[(name, mode)] if field is None else r[(name, mode)][field] for r in runs)
+        return statistics.median(value(r, name, mode, field) for r in runs)
 
     def ratio(mode, field=None):
-        return statistics.median(
-            (r[("kvtier", mode)] if field is None else r[("kvtier", mode)][field])
-            / (r[("vllm", mode)] if field is None else r[("vllm", mode)][field])
-            for r in runs
-        )
+        return statistics.median(value(r, "kvtier", mode, field) / value(r, "vllm", mode, field) for r in runs)
 
     rows = []
     for mode in ("idle", "busy"):

@@ -93,7 +93,9 @@ fetch_tests() {
         # `pip download` of an sdist prepares its metadata, which for vLLM
         # means building its build environment (torch, cmake): minutes, and
         # it fails without a compiler setup. The file is fetched from the
-        # same registry index pip reads, and checked against its hash.
+        # same registry index pip reads, and checked against its hash (the
+        # package registry, as pip's own traffic: PyPI unless PIP_INDEX_URL
+        # names another).
         "$PY" - "$sdist" <<EOF
 import json, os, sys, urllib.request
 index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")

@@ -334,6 +334,7 @@ impl Drop for Claim {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::thread;
 
     fn region(blocks: usize) -> Arc<PrimaryRegion> {
         Arc::new(PrimaryRegion::zeroed(blocks, 8).expect("region"))
@@ -417,19 +418,21 @@ mod tests {
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let (region, holders) = (region.clone(), holders.clone());
-                std::thread::spawn(move || {
-                    for _ in 0..2_000 {
-                        if let Ok(claim) = region.claim(&[0], Access::Write) {
-                            assert_eq!(
-                                holders.fetch_add(1, Ordering::SeqCst),
-                                0,
-                                "two loads hold block 0"
-                            );
-                            holders.fetch_sub(1, Ordering::SeqCst);
-                            drop(claim);
+                thread::Builder::new()
+                    .spawn(move || {
+                        for _ in 0..2_000 {
+                            if let Ok(claim) = region.claim(&[0], Access::Write) {
+                                assert_eq!(
+                                    holders.fetch_add(1, Ordering::SeqCst),
+                                    0,
+                                    "two loads hold block 0"
+                                );
+                                holders.fetch_sub(1, Ordering::SeqCst);
+                                drop(claim);
+                            }
                         }
-                    }
-                })
+                    })
+                    .expect("a test thread starts")
             })
             .collect();
         for thread in threads {
