@@ -248,8 +248,9 @@ MUTATIONS = [
     Mutation(
         "L7-per-group-publication",
         "the worker publishes a submission's groups only when all are done",
-        [("            published.publish(result);\n",
-          "            done.push(result);\n"),
+        [("probe_and_publish(&mut backend, group, |result| published.publish(result));",
+          "probe_and_publish(&mut backend, group, |result| done.push(result));"),
+         ("published.publish(group.abandoned());", "done.push(group.abandoned());"),
          ("        for group in submission.into_groups() {\n",
           "        let mut done = Vec::new();\n        for group in submission.into_groups() {\n"),
          ("        shared.queue.lock().completed += 1;\n",
@@ -420,7 +421,7 @@ MUTATIONS = [
     Mutation(
         "L15-thread-prober-claims",
         "the thread prober probes every group, wanted or not",
-        [("let result = if group.claim() {", "let result = if true {")],
+        [("if group.claim() {", "if true {")],
         TEST + ["--test", "driver", "a_queued_group_whose_request_was_cleaned_up"],
     ),
     Mutation(
@@ -453,6 +454,28 @@ MUTATIONS = [
         "wait_idle inside a backend call waits for the call making it",
         [("if self.on_worker() {", "if false {")],
         TEST + ["--test", "driver", "waiting_for_the_worker_from_inside_a_backend_call"],
+    ),
+    Mutation(
+        "L17-publish-inside-around-group",
+        "a group's answers are published after the backend's around_group returns (a Python scheduler can see the call's effects first)",
+        [("""        backend.around_group(|backend| {
+            if let Some((group, publish)) = pending.take() {
+                publish(probe_group(backend, group));
+                published = true;
+            }
+        });""",
+          """        let mut probed = None;
+        backend.around_group(|backend| {
+            if let Some((group, publish)) = pending.take() {
+                probed = Some((probe_group(backend, group), publish));
+                published = true;
+            }
+        });
+        if let Some((result, publish)) = probed {
+            publish(result);
+        }""")],
+        TEST + ["--release", "-p", "kvtier-models", "--test", "loom_lookup", "a_scheduler_that_saw_a_calls_effect"],
+        LOOM,
     ),
     Mutation(
         "S2-aggregator-needs-a-worker",
@@ -982,6 +1005,16 @@ MUTATIONS = [
         "a Python backend's answers are consumed to the end: an endless iterator hangs the worker",
         [("for answer in answers.try_iter()?.take(limit) {", "for answer in answers.try_iter()? {")],
         pytest("tests/test_lookup.py::test_an_endless_answer_iterator_is_cut_at_one_past_the_keys"),
+    ),
+    Mutation(
+        "P6-publish-under-the-gil",
+        "a Python backend's answers are published after the worker lets go of the GIL",
+        [("""        let attached = Python::try_attach(|_| {
+            if let Some(group) = group.take() {
+                group(self);
+            }
+        });""", "        let attached: Option<()> = None;")],
+        pytest("tests/test_races.py::test_what_a_python_backend_did_is_seen_only_with_its_answers"),
     ),
     Mutation(
         "P5-request-cache-checks-the-object",

@@ -283,6 +283,71 @@ fn seed_000_a_finished_group_is_visible_while_a_later_group_is_still_probing() {
     });
 }
 
+/// L17: a backend whose effects others see under a lock of its own (the
+/// GIL, for a Python backend) holds it across the call and the publication
+/// (`Backend::around_group`), so a scheduler that saw what the call did
+/// finds the answer at its very next lookup. The lock is the test's (loom
+/// primitives); the call's effect, a flag, becomes visible when the lock is
+/// released, as a Python object's state does when the GIL is.
+#[test]
+fn a_scheduler_that_saw_a_calls_effect_finds_its_answer() {
+    use loom::sync::{Arc, Condvar, Mutex};
+
+    struct Locked {
+        /// The backend's lock and the effect its calls leave under it.
+        lock: Arc<(Mutex<bool>, Condvar)>,
+        called: bool,
+    }
+
+    impl kvtier::lookup::Backend<u64, u64> for Locked {
+        type Answers = Vec<bool>;
+        type Error = std::convert::Infallible;
+
+        fn batch_lookup(&mut self, keys: &[u64], _: &u64) -> Result<Vec<bool>, Self::Error> {
+            self.called = true;
+            Ok(vec![true; keys.len()])
+        }
+
+        fn around_group(&mut self, group: impl FnOnce(&mut Self)) {
+            let lock = self.lock.clone();
+            let (effect, signal) = &*lock;
+            let mut effect = effect.lock().unwrap();
+            group(self);
+            *effect = self.called;
+            drop(effect);
+            signal.notify_one();
+        }
+    }
+
+    explore(
+        "a_scheduler_that_saw_a_calls_effect_finds_its_answer",
+        || {
+            let lock = Arc::new((Mutex::new(false), Condvar::new()));
+            let backend = Locked {
+                lock: lock.clone(),
+                called: false,
+            };
+            let mut lookup = kvtier::lookup::ThreadLookup::threaded(backend).unwrap();
+            assert!(lookup.lookup(&1, &10).is_pending());
+            assert_eq!(lookup.flush().unwrap(), 1);
+            let (effect, signal) = &*lock;
+            let mut seen = effect.lock().unwrap();
+            while !*seen {
+                seen = signal.wait(seen).unwrap();
+            }
+            drop(seen);
+            assert!(
+                lookup.lookup(&1, &10).is_hit(),
+                "the call's effect was visible before its answer"
+            );
+            lookup.cleanup(&10);
+            let final_table = lookup.shutdown().unwrap();
+            assert_eq!(final_table.stats().anomalies, 0);
+            assert!(final_table.is_empty());
+        },
+    );
+}
+
 /// L15 at the level of the atomics: the prober's claim of a group whose only
 /// key lost its request races a new request joining that orphan, in every
 /// interleaving. Exactly one side wins: the join keeps the probe (the claim

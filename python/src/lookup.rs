@@ -99,6 +99,26 @@ impl Backend<Key, String> for PythonBackend {
         })
         .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
     }
+
+    /// The call and the publication of its answers under one hold of the
+    /// GIL (L17): a Python thread can only see what `batch_lookup` did (an
+    /// event it set) once the worker lets go of the GIL, and by then the
+    /// answers are published, so its next lookup has them. vLLM's tests wait
+    /// on such an event and look up at once.
+    fn around_group(&mut self, group: impl FnOnce(&mut Self)) {
+        let mut group = Some(group);
+        // guard: P6-publish-under-the-gil
+        let attached = Python::try_attach(|_| {
+            if let Some(group) = group.take() {
+                group(self);
+            }
+        });
+        // The interpreter is shutting down: no GIL to hold, and the call
+        // makes the group's keys misses.
+        if let (None, Some(group)) = (attached, group) {
+            group(self);
+        }
+    }
 }
 
 /// The keyword arguments every native prober takes.

@@ -51,6 +51,27 @@ pub trait Backend<K, R> {
     /// Says, for each of `keys`, whether the tier holds it. `request` is the
     /// request whose lookups created the group, as context.
     fn batch_lookup(&mut self, keys: &[K], request: &R) -> Result<Self::Answers, Self::Error>;
+
+    /// Runs `group`: one group's [`batch_lookup`](Self::batch_lookup) and
+    /// the publication of its answers to the scheduler, as one piece. The
+    /// default runs it as it is.
+    ///
+    /// A backend whose effects others observe under a lock of its own
+    /// overrides this to hold that lock across the whole piece, so that
+    /// whoever sees what a call did also sees the group's answers: kvtier's
+    /// Python backend holds the GIL, so a Python scheduler that sees an
+    /// event its `batch_lookup` set finds the answers at its next lookup, as
+    /// vLLM's own tests expect (L17).
+    ///
+    /// The override must call `group` once, on the calling thread. If it
+    /// panics first or never calls it, the group's keys become misses;
+    /// a panic after the call is caught and logged.
+    fn around_group(&mut self, group: impl FnOnce(&mut Self))
+    where
+        Self: Sized,
+    {
+        group(self);
+    }
 }
 
 /// Any closure `FnMut(&[K], &R) -> Vec<bool>` is an infallible backend.
@@ -104,6 +125,50 @@ where
     }));
     let end = call.unwrap_or_else(|payload| CallEnd::Panic(take_panic(payload)));
     settle(group, found, end)
+}
+
+/// Probes one group through the backend's [`Backend::around_group`] and
+/// hands the result to `publish` inside it (L17), so the backend decides
+/// what the call and its publication happen under. A group the override
+/// never ran (it panicked first, or did not call it) is published as a
+/// panic: its keys are misses, as for any fault. A panic of the override
+/// after the group was published is logged. A panic between (not the
+/// backend's: `probe_group` catches those, so kvtier's own code or the
+/// request's) goes on unwinding, as it would without the override.
+pub(crate) fn probe_and_publish<K, R, B>(
+    backend: &mut B,
+    group: Group<K, R>,
+    publish: impl FnOnce(GroupResult<K>),
+) where
+    R: Request,
+    B: Backend<K, R>,
+{
+    let mut pending = Some((group, publish));
+    let mut published = false;
+    // guard: L17-publish-inside-around-group
+    let run = panic::catch_unwind(AssertUnwindSafe(|| {
+        backend.around_group(|backend| {
+            if let Some((group, publish)) = pending.take() {
+                publish(probe_group(backend, group));
+                published = true;
+            }
+        });
+    }));
+    match (pending.take(), run) {
+        (Some((group, publish)), run) => {
+            let why = match run {
+                Ok(()) => "the backend's around_group did not run the group".to_owned(),
+                Err(payload) => take_panic(payload),
+            };
+            publish(settle(group, Vec::new(), CallEnd::Panic(why)));
+        }
+        (None, Err(payload)) if published => tracing::error!(
+            panic = %take_panic(payload),
+            "backend panicked in around_group after its group was published"
+        ),
+        (None, Err(payload)) => panic::resume_unwind(payload),
+        (None, Ok(())) => {}
+    }
 }
 
 /// Turns how a call ended into the group's result, logging each fault where
@@ -198,6 +263,74 @@ mod tests {
         assert_eq!(outcome, GroupOutcome::BackendPanic { answered: 0 });
         assert!(
             log.contains("backend panicked") && log.contains("disk on fire"),
+            "{log}"
+        );
+    }
+
+    /// A backend whose `around_group` does `how` instead of simply running
+    /// the group.
+    struct Around(&'static str);
+
+    impl Backend<u64, u64> for Around {
+        type Answers = Vec<bool>;
+        type Error = Infallible;
+
+        fn batch_lookup(&mut self, keys: &[u64], _: &u64) -> Result<Vec<bool>, Infallible> {
+            Ok(vec![true; keys.len()])
+        }
+
+        fn around_group(&mut self, group: impl FnOnce(&mut Self)) {
+            match self.0 {
+                "skips" => {}
+                "panics first" => panic!("lock poisoned"),
+                "panics after" => {
+                    group(self);
+                    panic!("unlock failed");
+                }
+                _ => group(self),
+            }
+        }
+    }
+
+    /// Probes keys 1 and 2 for request 9 through `probe_and_publish`; the
+    /// outcome published (exactly once) and what was logged.
+    fn published_logged(mut backend: Around) -> (GroupOutcome, String) {
+        let mut group = Group::new(crate::lookup::types::TableId::new(), 9u64, 0);
+        group.keys = vec![1, 2];
+        group.generations = vec![Generation(0), Generation(1)];
+        crate::fault::logged(|| {
+            let mut published = Vec::new();
+            probe_and_publish(&mut backend, group, |result| {
+                published.push(result.outcome())
+            });
+            assert_eq!(published.len(), 1, "published {published:?}");
+            published[0]
+        })
+    }
+
+    #[test]
+    fn a_group_is_published_once_however_around_group_behaves() {
+        assert_eq!(
+            published_logged(Around("runs")),
+            (GroupOutcome::Answered, String::new())
+        );
+
+        // Never run: published as a fault, its keys misses.
+        for how in ["skips", "panics first"] {
+            let (outcome, log) = published_logged(Around(how));
+            assert_eq!(outcome, GroupOutcome::BackendPanic { answered: 0 }, "{how}");
+            assert!(log.contains("backend panicked"), "{how}: {log}");
+        }
+        let (_, log) = published_logged(Around("skips"));
+        assert!(log.contains("did not run the group"), "{log}");
+        let (_, log) = published_logged(Around("panics first"));
+        assert!(log.contains("lock poisoned"), "{log}");
+
+        // Run, then a panic: the answers stand, the panic is logged.
+        let (outcome, log) = published_logged(Around("panics after"));
+        assert_eq!(outcome, GroupOutcome::Answered);
+        assert!(
+            log.contains("after its group was published") && log.contains("unlock failed"),
             "{log}"
         );
     }

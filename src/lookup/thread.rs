@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use super::backend::{Backend, probe_group};
+use super::backend::{Backend, probe_and_publish};
 use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
 use super::submission::Submission;
 use super::types::Request;
@@ -234,15 +234,15 @@ where
         for group in submission.into_groups() {
             // L15: a group nobody wants any more is not probed.
             // guard: L15-thread-prober-claims
-            let result = if group.claim() {
-                probe_group(&mut backend, group)
-            } else {
-                group.abandoned()
-            };
             // Each group is visible to the scheduler as soon as it
-            // is done, not when the whole submission is.
+            // is done, not when the whole submission is; a probed one is
+            // published inside the backend's around_group (L17).
             // guard: L7-per-group-publication
-            published.publish(result);
+            if group.claim() {
+                probe_and_publish(&mut backend, group, |result| published.publish(result));
+            } else {
+                published.publish(group.abandoned());
+            }
         }
         // guard: L7-per-group-publication
         shared.queue.lock().completed += 1;
