@@ -141,8 +141,14 @@ run_mode() {
     (cd "$WORK/tests" &&
         KVTIER_VLLM_MODE=$mode PYTHONPATH="$ROOT/python/integration" \
             "$PY" -m pytest -q -p no:cacheprovider "${plugin[@]}" $TESTS) | tee "$log" | tail -n 3
-    grep -qE "^${EXPECTED} passed" <(tail -n 1 "$log") ||
-        { echo "vLLM's tier tests in ${mode} mode: not ${EXPECTED} of ${EXPECTED} passed"; return 1; }
+    if ! grep -qE "^${EXPECTED} passed" <(tail -n 1 "$log"); then
+        # The failures by name, then the first of their tracebacks: the
+        # three lines above would not say which test failed.
+        grep -E "^(FAILED|ERROR) " "$log" || true
+        sed -n '/^=* FAILURES =*$/,/^=* short test summary info =*$/p' "$log" | head -n 120 || true
+        echo "vLLM's tier tests in ${mode} mode: not ${EXPECTED} of ${EXPECTED} passed"
+        return 1
+    fi
     echo "vLLM's tier tests, ${mode} mode: ${EXPECTED} of ${EXPECTED} passed"
 }
 
