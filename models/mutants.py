@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Remove or invert each guarding line of the lookup core (L*), of the
 concurrent-group tasks driver (T*), of the save-completion core (S*), of
-the file-system tier (F*), of vLLM's transfers (V*) and of the Python
+the file-system tier (F*), of vLLM's transfers (V*), of the KV copier
+(C*) and of the Python
 package's native module (P*), on a scratch copy, and show which check then
 fails.
 
@@ -121,6 +122,10 @@ SUITES = {
     },
     "V": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "vllm_transfers", "--test", "save"], {}),
+    },
+    "C": {
+        "tests": (TEST + ["-p", "kvtier", "--lib"], {}),
+        "proptest": (MODELS + ["proptest_offload"], {}),
     },
     "W": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--test", "save_steps"], {}),
@@ -857,8 +862,8 @@ MUTATIONS = [
     Mutation(
         "F13-pool-finishes-queued-jobs",
         "an I/O thread exits at shutdown without running the saves still queued",
-        [("                if let Some(job) = queue.pop(lane) {\n                    break Some(job);\n                }\n                if queue.closing {\n                    break None;\n                }",
-          "                if queue.closing {\n                    break None;\n                }\n                if let Some(job) = queue.pop(lane) {\n                    break Some(job);\n                }")],
+        [("                if let Some(job) = queue.pop(lane) {\n",
+          "                if queue.closing {\n                    break None;\n                }\n                if let Some(job) = queue.pop(lane) {\n")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "dropping_the_tier_finishes_every_queued_save"],
     ),
     Mutation(
@@ -919,10 +924,31 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_failed_load_keeps"],
     ),
     Mutation(
-        "V5-shutdown-drops-queued-jobs",
-        "shutdown runs every queued transfer before the threads stop",
-        [("        let dropped = pool.discard_queued();", "        let dropped = 0;")],
-        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "shutdown_drops_queued_jobs"],
+        "V5-shutdown-drops-queued-loads",
+        "shutdown runs the loads still queued, whose blocks nobody will use",
+        [("report.loads_dropped = pool.discard_lanes(&[TransferKind::Load.lane()]);",
+          "report.loads_dropped = 0;")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "shutdown_drops_the_loads_still_queued"],
+    ),
+    Mutation(
+        "V6-shutdown-drains-queued-stores",
+        "shutdown drops the stores still queued at once instead of giving them their grace",
+        [("            while queue.lanes.iter().any(|lane| !lane.is_empty()) {",
+          "            while false && queue.lanes.iter().any(|lane| !lane.is_empty()) {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "shutdown_lets_queued_stores_finish"],
+    ),
+    Mutation(
+        "V7-shutdown-releases-the-primary-memory",
+        "shutdown keeps the primary memory (vLLM's buffer export) until the object is dropped",
+        [("        let region = self.region.take();\n        debug_assert!(",
+          "        let region: Option<Arc<PrimaryRegion>> = None;\n        debug_assert!(")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "shutdown_gives_the_primary_memory_back"],
+    ),
+    Mutation(
+        "V8-only-stale-temporaries-are-swept",
+        "the sweep removes a temporary file however young, which a live writer may own",
+        [("                if stale\n                    && entry.file_type()", "                if entry.file_type()")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_sweep_removes_stale_temporary_files"],
     ),
     Mutation(
         "V5-threads-serve-their-lane-first",
@@ -930,6 +956,70 @@ MUTATIONS = [
         [("        preferred.pop_front().or_else(|| other.pop_front())",
           "        other.pop_front().or_else(|| preferred.pop_front())")],
         TEST + ["-p", "kvtier", "--lib", "a_thread_serves_its_own_lane_first"],
+    ),
+    Mutation(
+        "C1-pages-fit-their-rows",
+        "a layout whose pages overrun their engine or offload rows is taken",
+        [("            if tensor.page == 0\n                || tensor.engine.stride < tensor.page\n                || tensor.offload.stride < chunk\n",
+          "            if tensor.page == 0\n")],
+        TEST + ["-p", "kvtier", "--lib", "a_layout_whose_pages_overrun_their_rows"],
+    ),
+    Mutation(
+        "C1-layers-fit-their-pages",
+        "a layer that copies more bytes than its tensor's page is taken",
+        [("                if layer.bytes > tensor.page {", "                if false {")],
+        TEST + ["-p", "kvtier", "--lib", "a_layout_whose_pages_overrun_their_rows"],
+    ),
+    Mutation(
+        "C2-a-group-enters-its-first-chunk-at-its-offset",
+        "a group whose first block starts inside a chunk is copied from the chunk's first slot",
+        [("            let skip = transfer.block_indices[g] % per_chunk;", "            let skip = 0;")],
+        MODELS + ["proptest_offload"],
+    ),
+    Mutation(
+        "C2-a-job-uses-every-id-it-names",
+        "a job naming more blocks or chunks than its groups use is taken",
+        [("        if next_block != transfer.engine_blocks.len() || next_chunk != transfer.chunks.len() {",
+          "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "a_job_that_reaches_outside_the_memory"],
+    ),
+    Mutation(
+        "C3-every-copy-stays-in-its-rows",
+        "an engine block past the end of the KV cache is copied to or from",
+        [("                    let engine = tensor.engine.at(block, 0).ok_or_else(|| {",
+          "                    let engine = Some(tensor.engine.base.wrapping_add((block as usize).wrapping_mul(tensor.engine.stride))).ok_or_else(|| {")],
+        TEST + ["-p", "kvtier", "--lib", "a_job_that_reaches_outside_the_memory"],
+    ),
+    Mutation(
+        "C4-one-job-per-id-in-flight",
+        "a job id still in flight is taken again, so one report answers for two jobs",
+        [("        if self.jobs.is_tracked(&Job::named(id)) {", "        if false {")],
+        pytest("tests/test_copier.py::test_an_id_in_flight_is_refused_and_a_shut_down_copier_takes_nothing"),
+    ),
+    Mutation(
+        "C5-reported-after-the-last-copy",
+        "a job is reported while its copies still run",
+        [("                run(direction, &copies);",
+          "                std::thread::spawn(move || {\n                    std::thread::sleep(Duration::from_millis(50));\n                    run(direction, &copies);\n                });")],
+        MODELS + ["proptest_offload"],
+    ),
+    Mutation(
+        "C6-wait-fences-the-named-jobs",
+        "a preemption's fence returns without waiting for the jobs it names",
+        [("        self.jobs.handle_preemptions(&named)", "        named.len() * 0")],
+        MODELS + ["proptest_offload"],
+    ),
+    Mutation(
+        "C7-shutdown-lets-go-of-the-memory",
+        "the copier holds the engine's memory past its shutdown",
+        [("        drop(self.keep_alive.take());", "        std::mem::forget(self.keep_alive.take());")],
+        TEST + ["-p", "kvtier", "--lib", "shutdown_runs_what_was_submitted_then_lets_go_of_the_memory"],
+    ),
+    Mutation(
+        "P7-the-copier-lets-go-of-the-tensors",
+        "BlockCopier.shutdown keeps the tensors, so vLLM's offload region cannot close its mapping",
+        [("        self.memory.clear();\n", "")],
+        pytest("tests/test_copier.py::test_shutdown_lets_go_of_the_tensors"),
     ),
     Mutation(
         "N1-a-failed-load-gives-up-only-its-tail",

@@ -19,6 +19,9 @@
 //!   `fs`) and [`ObjectTier`] (feature `object-store`: S3,
 //!   S3-compatible servers, local files, memory); [`block`] is their checked
 //!   block format.
+//! - [`offload`]: KV blocks copied between an engine's KV cache and a
+//!   host-memory offload region on native threads (vLLM's tiering on CPU
+//!   machines).
 //!
 //! The names most users need are re-exported here. Every synchronisation
 //! primitive comes from one internal shim, so the same code runs under
@@ -43,6 +46,8 @@
 mod fault;
 mod invariant;
 pub mod lookup;
+#[cfg(tiers)]
+pub mod offload;
 mod publish;
 pub mod save;
 mod sync;

@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kvtier::save::SaveOutcome;
 use kvtier::tier::{
@@ -76,12 +77,17 @@ impl Fixture {
     fn fill(&self, block: usize, seed: u8) {
         self.transfers
             .region()
+            .expect("running")
             .write_block(block, &pattern(seed))
             .unwrap();
     }
 
     fn block(&self, block: usize) -> Vec<u8> {
-        self.transfers.region().read_block(block).unwrap()
+        self.transfers
+            .region()
+            .expect("running")
+            .read_block(block)
+            .unwrap()
     }
 }
 
@@ -201,6 +207,7 @@ fn a_job_is_reported_only_once_its_bytes_are_in_the_region() {
     for id in 1..=200u64 {
         f.transfers
             .region()
+            .expect("running")
             .write_block(1, &vec![0; BLOCK])
             .unwrap();
         f.transfers
@@ -273,30 +280,199 @@ fn jobs_that_cannot_run_are_reported_failed_and_touch_nothing() {
 }
 
 #[test]
-fn shutdown_drops_queued_jobs_reports_them_failed_and_stops_the_threads() {
+fn shutdown_without_grace_drops_queued_jobs_reports_them_failed_and_stops_the_threads() {
     let mut f = fixture(256, 1);
     assert_eq!(f.transfers.threads_alive(), 2);
     for id in 0..256u64 {
         let block = id as usize;
+        let kind = if id % 2 == 0 {
+            TransferKind::Store
+        } else {
+            TransferKind::Load
+        };
         f.transfers
-            .submit(TransferKind::Store, id, vec![key(id)], &[block])
+            .submit(kind, id, vec![key(id)], &[block])
             .unwrap();
     }
-    let dropped = f.transfers.shutdown();
-    // Two threads cannot have written 256 blocks while the jobs were queued.
+    let report = f.transfers.shutdown(Duration::ZERO);
+    let dropped = report.loads_dropped + report.stores_dropped;
+    // Two threads cannot have moved 256 blocks while the jobs were queued.
     assert!(dropped > 0, "the queued jobs were dropped, not run");
     assert_eq!(f.transfers.threads_alive(), 0);
     assert_eq!(f.transfers.queued(TransferKind::Store), 0);
     let finished = f.transfers.finished();
     assert_eq!(finished.len(), 256, "every job is reported, dropped or not");
     let failed = finished.iter().filter(|job| !job.succeeded()).count();
-    assert_eq!(failed, dropped, "exactly the dropped jobs failed");
+    // Loads of blocks never stored fail on their own too.
+    assert!(failed >= dropped, "every dropped job failed");
+    let failed_stores = finished
+        .iter()
+        .filter(|job| job.kind == TransferKind::Store && !job.succeeded())
+        .count();
+    assert_eq!(
+        failed_stores, report.stores_dropped,
+        "exactly the dropped stores failed"
+    );
     f.transfers
-        .submit(TransferKind::Store, 99, vec![key(1)], &[0])
+        .submit(TransferKind::Store, 999, vec![key(1)], &[0])
         .unwrap();
     assert!(
         !f.transfers.finished()[0].succeeded(),
         "a job after shutdown fails"
     );
     assert!(f.transfers.in_flight().is_empty());
+}
+
+#[test]
+fn shutdown_lets_queued_stores_finish_within_its_grace_and_drops_queued_loads() {
+    let mut f = fixture(256, 1);
+    for id in 0..256u64 {
+        f.fill(id as usize, id as u8);
+    }
+    for id in 0..256u64 {
+        let kind = if id < 200 {
+            TransferKind::Store
+        } else {
+            TransferKind::Load
+        };
+        f.transfers
+            .submit(kind, id, vec![key(id)], &[id as usize])
+            .unwrap();
+    }
+    let report = f.transfers.shutdown(Duration::from_secs(60));
+    assert_eq!(
+        report.stores_dropped, 0,
+        "no store is dropped within the grace"
+    );
+    let finished = f.transfers.finished();
+    assert_eq!(finished.len(), 256);
+    for job in &finished {
+        match job.kind {
+            TransferKind::Store => {
+                assert!(job.succeeded(), "store {} was dropped", job.id);
+                assert_eq!(
+                    fs::read(vllm_path(&f.rank_dir, job.id)).unwrap(),
+                    pattern(job.id as u8)
+                );
+            }
+            // A load either ran (and failed: nothing was stored under its key)
+            // or was dropped; none succeeds.
+            TransferKind::Load => assert!(!job.succeeded()),
+        }
+    }
+}
+
+#[test]
+fn shutdown_gives_the_primary_memory_back() {
+    /// Counts its drops: stands for the engine's buffer export.
+    struct Export(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Export {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut memory = vec![0u8; 8 * BLOCK];
+    let dir = tempfile::tempdir().unwrap();
+    let layout = VllmFsLayout::new(dir.path().join("m_0123456789ab_r0")).unwrap();
+    // SAFETY: `memory` outlives the transfers (dropped at the end of the
+    // test, after the region was released by shutdown or drop).
+    let region = unsafe {
+        PrimaryRegion::from_raw_parts(
+            memory.as_mut_ptr(),
+            memory.len(),
+            BLOCK,
+            Box::new(Export(released.clone())),
+        )
+    }
+    .unwrap();
+    let mut transfers = VllmTransfers::new(layout, region, 1, 1).unwrap();
+    for id in 0..8u64 {
+        transfers
+            .submit(TransferKind::Store, id, vec![key(id)], &[id as usize])
+            .unwrap();
+    }
+    transfers.shutdown(Duration::from_secs(60));
+    assert_eq!(
+        released.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "shutdown released the engine's memory, with the object still alive"
+    );
+    assert!(transfers.region().is_none());
+    assert_eq!(
+        transfers.shape(),
+        (8, BLOCK),
+        "the shape outlives the region"
+    );
+    assert_eq!(transfers.finished().len(), 8);
+    drop(transfers);
+    assert_eq!(
+        released.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "released once"
+    );
+    drop(memory);
+}
+
+#[test]
+fn a_sweep_removes_stale_temporary_files_and_nothing_else() {
+    let f = fixture(1, 1);
+    let dir = f.rank_dir.join("abc").join("de_g0");
+    fs::create_dir_all(&dir).unwrap();
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let file = |name: &str, stale: bool| {
+        let path = dir.join(name);
+        let file = fs::File::create(&path).unwrap();
+        if stale {
+            file.set_modified(hour_ago).unwrap();
+        }
+        path
+    };
+    let stale_ours = file("abcdef.bin_7f3a.tmp", true);
+    let stale_vllms = file("abcdef.bin__123456789.tmp", true);
+    let fresh = file("abcdef.bin_99.tmp", false);
+    let block = file("abcdef.bin", true);
+    let other = file("notes.tmp", true);
+    f.transfers.sweep_stale_temps(Duration::from_secs(600));
+    let mut transfers = f.transfers;
+    transfers.shutdown(Duration::from_secs(60));
+    assert_eq!(transfers.swept(), 2);
+    assert!(
+        !stale_ours.exists() && !stale_vllms.exists(),
+        "stale temporaries are swept"
+    );
+    assert!(fresh.exists(), "a temporary a live writer may own is kept");
+    assert!(
+        block.exists() && other.exists(),
+        "nothing but block temporaries is touched"
+    );
+}
+
+#[test]
+fn shutdown_drops_the_loads_still_queued() {
+    let mut f = fixture(1024, 1);
+    let keys: Vec<u64> = (0..16).collect();
+    let blocks: Vec<usize> = (0..16).collect();
+    assert!(f.run(TransferKind::Store, 0, &keys, &blocks).succeeded());
+    // 63 loads of 16 blocks each, into blocks of their own: two threads
+    // cannot have started them all by the time shutdown runs.
+    for id in 1..64u64 {
+        let into: Vec<usize> = (0..16).map(|i| id as usize * 16 + i).collect();
+        let load_keys = keys.iter().map(|&n| key(n)).collect();
+        f.transfers
+            .submit(TransferKind::Load, id, load_keys, &into)
+            .unwrap();
+    }
+    let report = f.transfers.shutdown(Duration::from_secs(60));
+    assert!(
+        report.loads_dropped > 0,
+        "the queued loads were run: {report:?}"
+    );
+    let finished = f.transfers.finished();
+    let failed = finished.iter().filter(|job| !job.succeeded()).count();
+    assert_eq!(finished.len(), 63);
+    assert_eq!(
+        failed, report.loads_dropped,
+        "exactly the dropped loads failed"
+    );
 }

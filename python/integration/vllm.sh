@@ -7,11 +7,14 @@
 #   python   kvtier.vllm.AsyncLookupManager in place of vLLM's (Python backends)
 #   native   the same, and kvtier.vllm.FsTier in place of vLLM's fs tier
 #
-# then kvtier's own checks inside vLLM (test_kvtier_in_vllm.py). Each run
-# must pass every test; the counts are printed. With --bench it also runs
-# bench_vllm.py (set KVTIER_VLLM_BENCH_ARGS for its arguments).
+# then kvtier's own checks inside vLLM (test_kvtier_in_vllm.py,
+# test_cpu_tiering_in_vllm.py). Each run must pass every test; the counts
+# are printed. With --bench it also runs bench_vllm.py (set
+# KVTIER_VLLM_BENCH_ARGS for its arguments); with --e2e, the end-to-end
+# harness in real engine processes (e2e/e2e.py; KVTIER_E2E_ARGS for its
+# arguments).
 #
-#   bash python/integration/vllm.sh [--bench]
+#   bash python/integration/vllm.sh [--bench] [--e2e]
 #
 # KVTIER_VLLM_VENV (default target/vllm-venv) is reused when it already has
 # this vLLM and torch; KVTIER_VLLM_WORK (default target/vllm-work) holds the
@@ -32,7 +35,14 @@ VENV=$(realpath -m "${KVTIER_VLLM_VENV:-target/vllm-venv}")
 WORK=$(realpath -m "${KVTIER_VLLM_WORK:-target/vllm-work}")
 PY=$VENV/bin/python
 BENCH=0
-[ "${1:-}" = "--bench" ] && BENCH=1
+E2E=0
+for arg in "$@"; do
+    case "$arg" in
+    --bench) BENCH=1 ;;
+    --e2e) E2E=1 ;;
+    *) echo "vllm.sh: unknown argument ${arg}" >&2; exit 2 ;;
+    esac
+done
 mkdir -p "$WORK"
 
 phase() {
@@ -153,7 +163,16 @@ run_mode() {
 }
 
 own_checks() {
-    (cd python/integration && "$PY" -m pytest -q -p no:cacheprovider test_kvtier_in_vllm.py) | tail -n 3
+    (cd python/integration && "$PY" -m pytest -q -p no:cacheprovider \
+        test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py) | tail -n 3
+}
+
+end_to_end() {
+    # Real engine processes on the CPU backend (HF_HUB_OFFLINE: the harness
+    # writes its own model; nothing is downloaded).
+    rm -rf "$WORK/e2e"
+    # shellcheck disable=SC2086
+    HF_HUB_OFFLINE=1 "$PY" python/integration/e2e/e2e.py --work "$WORK/e2e" ${KVTIER_E2E_ARGS:-}
 }
 
 bench() {
@@ -171,4 +190,7 @@ done
 phase "kvtier's checks inside vLLM" own_checks
 if [ "$BENCH" = 1 ]; then
     phase "benchmark inside vLLM's tier manager" bench
+fi
+if [ "$E2E" = 1 ]; then
+    phase "end to end, in real engine processes" end_to_end
 fi

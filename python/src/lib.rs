@@ -1,10 +1,11 @@
 //! kvtier for Python: the extension module `kvtier._native`.
 //!
-//! What Python sees is written here, in three rooms: `lookup` (the
-//! scheduler's async lookup over a native prober or a Python backend),
-//! `save` (deferred save completion with Python store tasks, and the wire
-//! form of steps and reports) and `errors` (the exception types and the
-//! panic guard every entry point goes through). The Python package around
+//! What Python sees is written here: `lookup` (the scheduler's async lookup
+//! over a native prober or a Python backend), `save` (deferred save
+//! completion with Python store tasks, and the wire form of steps and
+//! reports), `transfers` (vLLM's tier stores and loads), `copier` (KV blocks
+//! between an engine's KV cache and an offload region) and `errors` (the
+//! exception types and the panic guard every entry point goes through). The Python package around
 //! it (`python/kvtier/`) adds the vLLM-shaped adapter and the layout's base
 //! path.
 //!
@@ -19,6 +20,7 @@
 
 use pyo3::prelude::*;
 
+mod copier;
 mod errors;
 mod inspect;
 mod lookup;
@@ -30,6 +32,7 @@ mod transfers;
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
+    copier::register(module)?;
     lookup::register(module)?;
     save::register(module)?;
     transfers::register(module)?;

@@ -3,6 +3,7 @@
 //! memory reached through the buffer protocol.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
 use pyo3::buffer::PyUntypedBuffer;
@@ -192,12 +193,44 @@ impl PyVllmTransfers {
         guard(|| Ok(py.detach(|| inner.wait_idle())))
     }
 
-    /// Drops the queued jobs (reported as failed), waits for the running
-    /// ones and stops the I/O threads, with the GIL released. Returns how
-    /// many queued jobs were dropped.
-    fn shutdown(&mut self, py: Python<'_>) -> PyResult<usize> {
+    /// Stops the transfers, with the GIL released: queued loads are
+    /// dropped, queued stores get `grace` seconds to start (then the rest
+    /// are dropped), running jobs finish, the I/O threads stop, and the
+    /// primary memory's buffer is released. Dropped jobs are reported as
+    /// failed by the next `finished()`. Returns `(loads_dropped,
+    /// stores_dropped)`.
+    #[pyo3(signature = (grace = 0.0))]
+    fn shutdown(&mut self, py: Python<'_>, grace: f64) -> PyResult<(usize, usize)> {
+        let grace = Duration::try_from_secs_f64(grace).map_err(|_| {
+            config(format!(
+                "a shutdown grace is a number of seconds >= 0, not {grace}"
+            ))
+        })?;
         let inner = &mut self.inner;
-        guard(|| Ok(py.detach(|| inner.shutdown())))
+        guard(|| {
+            let report = py.detach(|| inner.shutdown(grace));
+            Ok((report.loads_dropped, report.stores_dropped))
+        })
+    }
+
+    /// Queues a sweep of the temporary files that writers which died
+    /// mid-store left in the rank directory, last modified at least
+    /// `older_than` seconds ago; it runs on an I/O thread (`swept` counts
+    /// what it removed).
+    fn sweep_stale_temps(&self, older_than: f64) -> PyResult<()> {
+        let age = Duration::try_from_secs_f64(older_than).map_err(|_| {
+            config(format!(
+                "a temporary file's age is a number of seconds >= 0, not {older_than}"
+            ))
+        })?;
+        self.inner.sweep_stale_temps(age);
+        Ok(())
+    }
+
+    /// Temporary files the sweeps removed so far.
+    #[getter]
+    fn swept(&self) -> usize {
+        self.inner.swept()
     }
 
     /// Jobs queued that no I/O thread has started: `(loads, stores)`.
@@ -233,8 +266,7 @@ impl PyVllmTransfers {
     /// Blocks in the primary memory, and bytes per block.
     #[getter]
     fn shape(&self) -> (usize, usize) {
-        let region = self.inner.region();
-        (region.blocks(), region.block_bytes())
+        self.inner.shape()
     }
 
     /// The path of `key`'s block file (whether or not it exists).
@@ -252,8 +284,8 @@ impl Drop for PyVllmTransfers {
     /// a job waited for should not hold up the interpreter).
     fn drop(&mut self) {
         let inner = &mut self.inner;
-        if Python::try_attach(|py| py.detach(|| inner.shutdown())).is_none() {
-            inner.shutdown();
+        if Python::try_attach(|py| py.detach(|| inner.shutdown(Duration::ZERO))).is_none() {
+            inner.shutdown(Duration::ZERO);
         }
     }
 }

@@ -17,6 +17,7 @@ import time
 import pytest
 
 import kvtier
+from kvtier import ConfigError
 from kvtier._native import VllmTransfers
 from kvtier.vllm import block_path, make_key
 
@@ -142,3 +143,38 @@ def test_drain_lets_other_python_threads_run(tmp_path):
     thread.join()
     assert started < ran_at[0] < drained, "the other thread ran only after drain returned"
     assert transfers.finished()[0][2] is True
+
+
+def test_shutdown_lets_go_of_the_primary_memory(tmp_path):
+    # vLLM's primary tier releases its memoryview right after the tiers'
+    # shutdown(); an export kvtier still held made that raise BufferError.
+    memory = bytearray(8 * BLOCK)
+    view = memoryview(memory).cast("B", (8, BLOCK))
+    transfers = VllmTransfers(tmp_path, view, load_threads=1, store_threads=1)
+    for i in range(8):
+        transfers.submit_store(i, [key(i)], [i])
+    assert transfers.shutdown(grace=60) == (0, 0)
+    view.release()
+    memory.extend(b"x")  # a bytearray with a live export cannot resize
+    assert transfers.shape == (8, BLOCK)
+    finished = transfers.finished()
+    assert sorted(job for job, *_ in finished) == list(range(8))
+    assert all(success for _, _, success, *_ in finished), "the grace let every store finish"
+    assert all(os.path.exists(block_path(tmp_path, key(i))) for i in range(8))
+
+
+def test_shutdown_without_grace_reports_what_it_dropped(tmp_path):
+    view = primary(64)
+    transfers = VllmTransfers(tmp_path, view, load_threads=0, store_threads=1)
+    for i in range(64):
+        transfers.submit_store(i, [key(i)], [i])
+    for i in range(64, 80):
+        transfers.submit_load(i, [key(i)], [i - 64])
+    loads, stores = transfers.shutdown()
+    assert loads <= 16
+    finished = transfers.finished()
+    assert len(finished) == 80, "every job is reported, dropped or not"
+    failed_stores = sum(1 for _, is_load, success, *_ in finished if not is_load and not success)
+    assert failed_stores == stores
+    with pytest.raises(ConfigError, match="grace"):
+        VllmTransfers(tmp_path, primary(1)).shutdown(grace=-1)

@@ -19,7 +19,7 @@ mod key;
 #[cfg(object_tier)]
 mod object;
 #[cfg(fs_tier)]
-mod pool;
+pub(crate) mod pool;
 #[cfg(object_tier)]
 mod s3;
 mod save;
@@ -39,8 +39,8 @@ pub use s3::S3Options;
 pub use save::SaveTask;
 #[cfg(fs_tier)]
 pub use vllm::{
-    FinishedTransfer, InFlightTransfer, PrimaryRegion, TransferError, TransferKind, VllmFsLayout,
-    VllmTransfers,
+    FinishedTransfer, InFlightTransfer, PrimaryRegion, ShutdownReport, TransferError, TransferKind,
+    VllmFsLayout, VllmTransfers,
 };
 
 /// Why a tier operation failed.

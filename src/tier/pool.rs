@@ -7,10 +7,12 @@
 //! loads and stores, with threads that serve loads first and threads that
 //! serve stores first, so a promotion a request waits for is not queued
 //! behind background saves while neither lane starves; at shutdown their
-//! queued jobs are dropped instead (a job's completer then ends its task as
-//! abandoned).
+//! queued loads are dropped and their queued stores get a bounded time to
+//! start ([`close_within`](IoPool::close_within)); what is still queued then
+//! is dropped (a job's completer then ends its task as abandoned).
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crate::fault::{drop_payload, take_panic};
 use crate::sync::atomic::{AtomicUsize, Ordering};
@@ -44,6 +46,8 @@ impl Queue {
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
+    /// Signalled when a closing pool's queue runs empty.
+    emptied: Condvar,
     /// Threads that have not returned from `serve`.
     alive: AtomicUsize,
 }
@@ -70,6 +74,7 @@ impl IoPool {
                 closing: false,
             }),
             ready: Condvar::new(),
+            emptied: Condvar::new(),
             alive: AtomicUsize::new(0),
         });
         let mut pool = Self {
@@ -125,13 +130,45 @@ impl IoPool {
     /// Drops every queued job no thread has started; returns how many. Jobs
     /// running go on.
     pub(crate) fn discard_queued(&self) -> usize {
+        self.discard_lanes(&[0, 1])
+    }
+
+    /// Drops the jobs queued on `lanes` that no thread has started; returns
+    /// how many.
+    pub(crate) fn discard_lanes(&self, lanes: &[usize]) -> usize {
         let dropped: Vec<Job> = {
             let mut queue = self.shared.queue.lock();
-            let [first, second] = &mut queue.lanes;
-            first.drain(..).chain(second.drain(..)).collect()
+            lanes
+                .iter()
+                .flat_map(|&lane| std::mem::take(&mut queue.lanes[lane.min(LANES - 1)]))
+                .collect()
         };
         // Dropped outside the lock: a job's completer wakes its waiters.
         dropped.len()
+    }
+
+    /// Closes the pool and gives its threads `grace` to start the jobs
+    /// queued; drops the jobs still queued then and returns how many. Jobs
+    /// running go on (dropping the pool joins them), so the wait is bounded
+    /// by `grace` plus the longest single job.
+    pub(crate) fn close_within(&self, grace: Duration) -> usize {
+        let deadline = Instant::now().checked_add(grace);
+        {
+            let mut queue = self.shared.queue.lock();
+            queue.closing = true;
+            self.shared.ready.notify_all();
+            // guard: V6-shutdown-drains-queued-stores
+            while queue.lanes.iter().any(|lane| !lane.is_empty()) {
+                let now = Instant::now();
+                let left = match deadline {
+                    Some(deadline) if deadline <= now => break,
+                    Some(deadline) => deadline - now,
+                    None => Duration::from_secs(3600),
+                };
+                queue = self.shared.emptied.wait_timeout(queue, left);
+            }
+        }
+        self.discard_queued()
     }
 }
 
@@ -142,6 +179,9 @@ fn serve(shared: &Shared, lane: usize) {
             loop {
                 // guard: F13-pool-finishes-queued-jobs
                 if let Some(job) = queue.pop(lane) {
+                    if queue.closing && queue.lanes.iter().all(VecDeque::is_empty) {
+                        shared.emptied.notify_all();
+                    }
                     break Some(job);
                 }
                 if queue.closing {

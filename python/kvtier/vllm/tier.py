@@ -105,9 +105,14 @@ class FsTier(SecondaryTierManager):
 
     Arguments after ``tier_type`` are those of vLLM's
     ``FileSystemTierManager``, plus ``lookup_concurrency`` (lookup groups
-    probed at once, default 4) and ``lookup_timeout`` (seconds a group's
+    probed at once, default 4), ``lookup_timeout`` (seconds a group's
     probe may take before its keys are misses, default 2; ``None``: no
-    limit).
+    limit), ``shutdown_grace`` (seconds that stores still queued at
+    ``shutdown()`` get to start, default 10; see ``shutdown``) and
+    ``stale_temp_age`` (at start, temporary block files left by writers
+    that died mid-store and older than this many seconds are swept in the
+    background, default 600: younger ones may be another live engine's;
+    ``None``: no sweep).
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -125,8 +130,14 @@ class FsTier(SecondaryTierManager):
         backpressure_detector: Optional[BackpressureDetector] = None,
         lookup_concurrency: int = 4,
         lookup_timeout: Optional[float] = 2.0,
+        shutdown_grace: float = 10.0,
+        stale_temp_age: Optional[float] = 600.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        if not shutdown_grace >= 0:
+            raise ValueError(f"shutdown_grace is a number of seconds >= 0, not {shutdown_grace!r}")
+        self._shutdown_grace = float(shutdown_grace)
+        self._closed = False
         self.locality = Locality(locality) if locality is not None else None
         self.events: Optional[list[OffloadingEvent]] = None
         if enable_kv_events:
@@ -152,6 +163,8 @@ class FsTier(SecondaryTierManager):
             rank_dir, primary_kv_view, load_threads=n_read_threads, store_threads=n_write_threads
         )
         _check_layout(self.file_mapper, self._transfers)
+        if stale_temp_age is not None:
+            self._transfers.sweep_stale_temps(stale_temp_age)
         lookup = Lookup.vllm_fs(
             rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
         )
@@ -196,9 +209,11 @@ class FsTier(SecondaryTierManager):
             successful_keys = None
             if is_load and not success:
                 # A request needs its blocks as a prefix: from the first bad
-                # block on, the blocks are recomputed, so their lookups miss.
-                # guard: N1-a-failed-load-gives-up-only-its-tail
-                self._lookup_manager.mark_miss(keys[done:])
+                # block on, the blocks are recomputed, so their lookups miss
+                # (after shutdown there are no lookups left to correct).
+                if not self._closed:
+                    # guard: N1-a-failed-load-gives-up-only-its-tail
+                    self._lookup_manager.mark_miss(keys[done:])
                 # guard: N1-a-failed-load-keeps-its-leading-blocks
                 successful_keys = tuple(keys[:done]) or None
             # guard: N2-events-only-for-stores-that-succeeded
@@ -228,10 +243,30 @@ class FsTier(SecondaryTierManager):
         self._transfers.drain()
 
     def shutdown(self) -> None:
-        """Stops the lookups and the I/O threads (queued transfers are
-        dropped, running ones finish)."""
+        """Stops the lookups and the transfers, and lets go of the primary
+        tier's memory, so vLLM's primary tier can release it next.
+
+        vLLM calls this without draining the tier first. Stores still
+        queued get ``shutdown_grace`` seconds to start, so the blocks an
+        engine was writing as it stopped reach the directory for the next
+        engine; those still queued after it, and every queued load (nobody
+        will use its blocks), are dropped, logged with their count, and
+        reported as failed by a later ``get_finished_jobs``. Running
+        transfers finish. A dropped store loses nothing but a cache entry:
+        no partial file is left, and the block is computed again. The wait
+        is bounded by the grace plus the longest single transfer."""
+        self._closed = True
         self._lookup_manager.shutdown()
-        self._transfers.shutdown()
+        loads, stores = self._transfers.shutdown(self._shutdown_grace)
+        if loads or stores:
+            logger.warning(
+                "tier %r shut down with %d queued stores (after a %.1f s grace) and %d "
+                "queued loads dropped",
+                self.tier_type,
+                stores,
+                self._shutdown_grace,
+                loads,
+            )
 
     # Read-only views, in the shape of vLLM's fs tier's private state.
 

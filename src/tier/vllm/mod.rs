@@ -16,5 +16,5 @@ mod transfers;
 pub use layout::VllmFsLayout;
 pub use region::PrimaryRegion;
 pub use transfers::{
-    FinishedTransfer, InFlightTransfer, TransferError, TransferKind, VllmTransfers,
+    FinishedTransfer, InFlightTransfer, ShutdownReport, TransferError, TransferKind, VllmTransfers,
 };

@@ -16,7 +16,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use super::blocks::{load_block, store_block};
+use super::blocks::{load_block, store_block, sweep_temps};
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::SaveTracker;
@@ -194,12 +194,15 @@ pub enum TransferError {
 /// transfers.submit(TransferKind::Load, 2, vec![key], &[3])?;
 /// transfers.wait_idle();
 /// assert!(transfers.finished()[0].succeeded());
-/// assert_eq!(transfers.region().read_block(3)?, vec![9; 64]);
+/// assert_eq!(transfers.region().expect("running").read_block(3)?, vec![9; 64]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct VllmTransfers {
     layout: VllmFsLayout,
-    region: Arc<PrimaryRegion>,
+    /// `None` once shut down: the engine's memory is given back then.
+    region: Option<Arc<PrimaryRegion>>,
+    /// The region's blocks and bytes per block (kept past shutdown).
+    shape: (usize, usize),
     /// `None` once shut down.
     pool: Option<IoPool>,
     jobs: SaveTracker<Job, CompletionTask>,
@@ -207,6 +210,8 @@ pub struct VllmTransfers {
     /// tracker's point of view (nothing more will be submitted for them),
     /// reported once their task is done.
     submitted: Vec<Job>,
+    /// Temporary files swept (see [`sweep_stale_temps`](Self::sweep_stale_temps)).
+    swept: Arc<AtomicUsize>,
 }
 
 impl VllmTransfers {
@@ -230,11 +235,40 @@ impl VllmTransfers {
             .map_err(|source| TierError::io("start I/O threads for", layout.rank_dir(), source))?;
         Ok(Self {
             layout,
-            region: Arc::new(region),
+            shape: (region.blocks(), region.block_bytes()),
+            region: Some(Arc::new(region)),
             pool: Some(pool),
             jobs: SaveTracker::new(),
             submitted: Vec::new(),
+            swept: Arc::default(),
         })
+    }
+
+    /// Queues a sweep of the temporary files that writers which died
+    /// mid-store left in the rank directory, last modified at least
+    /// `older_than` ago (younger ones may be another live engine's). It
+    /// runs on an I/O thread, behind the stores queued before it, so a
+    /// start against a large directory does not wait for it; a shutdown
+    /// treats it as a queued store. [`swept`](Self::swept) counts what it
+    /// removed.
+    pub fn sweep_stale_temps(&self, older_than: Duration) {
+        let Some(pool) = &self.pool else { return };
+        let (rank_dir, swept) = (self.layout.rank_dir().to_path_buf(), self.swept.clone());
+        pool.submit_to(
+            TransferKind::Store.lane(),
+            Box::new(move || {
+                let removed = sweep_temps(&rank_dir, older_than);
+                if removed > 0 {
+                    tracing::info!(removed, dir = %rank_dir.display(), "swept stale temporary block files");
+                }
+                swept.fetch_add(removed, Ordering::Relaxed);
+            }),
+        );
+    }
+
+    /// Temporary files the sweeps removed so far.
+    pub fn swept(&self) -> usize {
+        self.swept.load(Ordering::Relaxed)
     }
 
     /// The rank directory's layout.
@@ -242,9 +276,16 @@ impl VllmTransfers {
         &self.layout
     }
 
-    /// The primary region.
-    pub fn region(&self) -> &PrimaryRegion {
-        &self.region
+    /// The primary region; `None` after [`shutdown`](Self::shutdown),
+    /// which gives the memory back.
+    pub fn region(&self) -> Option<&PrimaryRegion> {
+        self.region.as_deref()
+    }
+
+    /// The primary region's blocks and bytes per block (also after
+    /// shutdown).
+    pub fn shape(&self) -> (usize, usize) {
+        self.shape
     }
 
     /// Starts job `id`: `keys[i]` moves between the tier and block
@@ -306,7 +347,7 @@ impl VllmTransfers {
 
     /// Claims the job's blocks and queues its I/O.
     fn start(&self, job: &Job, blocks: &[usize]) -> Result<CompletionTask, TierError> {
-        let Some(pool) = &self.pool else {
+        let (Some(pool), Some(region)) = (&self.pool, &self.region) else {
             return Err(TierError::Config(
                 "the vLLM transfers were shut down".into(),
             ));
@@ -318,7 +359,7 @@ impl VllmTransfers {
                 blocks.len()
             )));
         }
-        let claim = self.region.claim(blocks, job.kind.access())?;
+        let claim = region.claim(blocks, job.kind.access())?;
         let (task, completer) = CompletionTask::new(());
         let (layout, job) = (self.layout.clone(), job.clone());
         pool.submit_to(
@@ -389,25 +430,60 @@ impl VllmTransfers {
         self.pool.as_ref().map_or(0, IoPool::threads_alive)
     }
 
-    /// Drops the jobs no I/O thread has started (they are reported as
-    /// failed), waits for the running ones and stops the I/O threads.
-    /// Returns how many queued jobs were dropped. A job submitted afterwards
-    /// fails.
-    pub fn shutdown(&mut self) -> usize {
-        let Some(pool) = self.pool.take() else {
-            return 0;
-        };
-        // guard: V5-shutdown-drops-queued-jobs
-        let dropped = pool.discard_queued();
-        drop(pool);
-        self.jobs.wait_running();
-        dropped
+    /// Stops the transfers and gives the primary memory back:
+    ///
+    /// - queued loads are dropped at once (the engine that would use their
+    ///   blocks is going away);
+    /// - queued stores get `grace` to start, so the blocks a shutting-down
+    ///   engine was still writing reach the tier; those still queued after
+    ///   it are dropped;
+    /// - running jobs finish, the I/O threads stop, and the region (and with
+    ///   it the engine's buffer export) is released.
+    ///
+    /// Every dropped job is reported as failed by the next
+    /// [`finished`](Self::finished); a job submitted afterwards fails.
+    /// Returns what was dropped. Waits at most `grace` plus the longest
+    /// single job.
+    pub fn shutdown(&mut self, grace: Duration) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        if let Some(pool) = self.pool.take() {
+            // guard: V5-shutdown-drops-queued-loads
+            report.loads_dropped = pool.discard_lanes(&[TransferKind::Load.lane()]);
+            report.stores_dropped = pool.close_within(grace);
+            drop(pool);
+            self.jobs.wait_running();
+        }
+        // Every claim (each holds the region) was dropped with its job, run
+        // or discarded: this is the region's last owner, and dropping it
+        // releases the engine's memory.
+        // guard: V7-shutdown-releases-the-primary-memory
+        let region = self.region.take();
+        debug_assert!(
+            region
+                .as_ref()
+                .is_none_or(|region| Arc::strong_count(region) == 1),
+            "V7: no claim outlives the transfers' shutdown"
+        );
+        drop(region);
+        report
     }
 }
 
+/// What [`VllmTransfers::shutdown`] dropped (each reported as a failed job).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Loads queued at shutdown.
+    pub loads_dropped: usize,
+    /// Stores still queued when the grace time ran out.
+    pub stores_dropped: usize,
+}
+
 impl Drop for VllmTransfers {
+    /// A drop without [`shutdown`](VllmTransfers::shutdown) gives queued
+    /// stores no grace: a drop should not block.
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown(Duration::ZERO);
     }
 }
 

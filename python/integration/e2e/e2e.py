@@ -1,0 +1,383 @@
+"""kvtier serving inside real vLLM engine processes: the end-to-end harness.
+
+Every scenario runs fresh engine processes (``engine.py``) on a tiny Llama
+whose float32 weights this harness generates itself (seeded, written
+locally by transformers), with vLLM's tiering on the CPU backend through
+``kvtier.vllm.cpu.CpuTieringSpec``, and runs once with kvtier's ``FsTier``
+and once with vLLM's own fs tier (the control). What it checks:
+
+- restart: a second process loads every prompt block from the tier,
+  computes no prompt token (vLLM's own counters), and gives the tokens and
+  logprobs of a run without offloading;
+- cross-read: both tiers wrote byte-identical files at the same paths, and
+  each serves a second process from the other's directory;
+- crash: process 1 is killed (SIGKILL) while stores are in flight; no
+  partial block is left under a block's name, process 2's outputs match,
+  and kvtier sweeps the temporary files a crash leaves;
+- damage: block files truncated, emptied, replaced by a directory or
+  removed between runs are recomputed through vLLM's load-failure path,
+  the outputs match, and nothing crashes;
+- preemption and aborts: a KV cache too small for the batch preempts
+  requests and some are aborted mid-flight; the survivors' outputs match;
+- every clean run: no ``Traceback`` or ``BufferError`` in any engine
+  process's output (vLLM's own chat-template warmup warning, which every
+  engine started with ``skip_tokenizer_init`` prints, is the one record
+  let through), exit status 0, and no /dev/shm offload region left.
+
+    python e2e.py --work DIR [--tiers kvtier,vllm] [--scenarios ...]
+
+Run it with the vLLM venv's Python (``vllm.sh --e2e`` does). Exits non-zero
+and names what failed when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = ("restart", "cross", "crash", "damage", "preempt")
+#: Tokens per prompt: 18 blocks of 32.
+PROMPT_TOKENS = 576
+PROMPTS = 6
+MAX_TOKENS = 12
+#: The model's shape (see make_model), and so a block file's size: K and V
+#: of 32 tokens, 4 heads of 64 float32 values, in each of 2 layers.
+LAYERS, KV_HEADS, HEAD_DIM = 2, 4, 64
+BLOCK_BYTES = LAYERS * 2 * 32 * KV_HEADS * HEAD_DIM * 4
+#: A KV cache of 37 blocks holds two 18-block prompts and one more block:
+#: their first decode steps need two, so one request is preempted.
+PREEMPT_BLOCKS = 37
+#: Largest |Δ logprob| accepted between a loaded and a recomputed prefix
+#: (float32; seen: under 5e-6).
+LOGPROB_TOLERANCE = 1e-3
+#: The one traceback vLLM itself logs in every engine run with
+#: ``skip_tokenizer_init``: its chat-template warmup needs a tokenizer.
+KNOWN_WARNING = "Chat template warmup failed"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def make_model(directory: Path) -> None:
+    """A 2-layer Llama (hidden 256, 4 heads of 64, vocab 8192) with seeded
+    float32 weights, saved as safetensors: nothing is downloaded."""
+    if (directory / "model.safetensors").exists():
+        return
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=KV_HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=2048,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(1234)
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+
+
+class Harness:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.model = work / "model"
+        rng = random.Random(5)
+        self.prompts = [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
+        self.runs = 0
+        self.baseline: dict = {}
+        self.notes: list[str] = []
+
+    # Running engines.
+
+    def settings(self, tier, root, **extra) -> dict:
+        return {
+            "model": str(self.model),
+            "prompts": self.prompts,
+            "max_tokens": MAX_TOKENS,
+            "tier": tier,
+            "root": str(root),
+            **extra,
+        }
+
+    def start(self, name: str, settings: dict):
+        self.runs += 1
+        run_dir = self.work / "runs" / f"{self.runs:02d}-{name}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "settings.json").write_text(json.dumps(settings))
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+        log = open(run_dir / "engine.log", "w")
+        process = subprocess.Popen(
+            [sys.executable, str(HERE / "engine.py"), str(run_dir / "settings.json"), str(run_dir / "out.json")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        return process, run_dir
+
+    def run(self, name: str, settings: dict) -> dict:
+        """One engine process to its end; its output, once checked clean."""
+        shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+        started = time.monotonic()
+        process, run_dir = self.start(name, settings)
+        status = process.wait(timeout=900)
+        log = (run_dir / "engine.log").read_text()
+        print(f"  {run_dir.name}: {time.monotonic() - started:.0f} s", flush=True)
+        check(status == 0, f"{run_dir.name}: the engine exited with {status}\n{tail(log)}")
+        check_log(run_dir.name, log)
+        left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
+        check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
+        return json.loads((run_dir / "out.json").read_text())
+
+    # What every scenario compares.
+
+    def same_outputs(self, name: str, outputs: dict, only=None) -> None:
+        for i, expected in self.baseline.items():
+            if only is not None and int(i) not in only:
+                continue
+            check(i in outputs, f"{name}: prompt {i} produced no output")
+            got = outputs[i]
+            check(
+                got["tokens"] == expected["tokens"],
+                f"{name}: prompt {i} gave tokens {got['tokens']}, without offloading {expected['tokens']}",
+            )
+            drift = max(abs(a - b) for a, b in zip(got["logprobs"], expected["logprobs"]))
+            check(drift <= LOGPROB_TOLERANCE, f"{name}: prompt {i}'s logprobs drift by {drift:.2e}")
+
+    def all_from_tier(self, name: str, result: dict) -> None:
+        m = result["metrics"]
+        total = PROMPTS * PROMPT_TOKENS
+        computed = m.get("vllm:prompt_tokens_by_source{source=local_compute}")
+        loaded = m.get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
+        check(
+            computed == 0 and loaded == total,
+            f"{name}: {computed} prompt tokens computed and {loaded} loaded of {total}: {m}",
+        )
+
+    # Scenarios.
+
+    def run_baseline(self) -> None:
+        print("baseline: no offloading", flush=True)
+        self.baseline = self.run("baseline", self.settings(None, ""))["outputs"]
+        check(len(self.baseline) == PROMPTS, "the baseline lost prompts")
+
+    def restart(self, tier: str) -> Path:
+        root = self.work / f"restart-{tier}"
+        shutil.rmtree(root, ignore_errors=True)
+        first = self.run(f"restart-{tier}-1", self.settings(tier, root))
+        self.same_outputs(f"restart {tier} (process 1)", first["outputs"])
+        blocks = block_files(root)
+        check(len(blocks) == PROMPTS * PROMPT_TOKENS // 32, f"restart {tier}: {len(blocks)} blocks stored")
+        check(all(p.stat().st_size == BLOCK_BYTES for p in blocks), f"restart {tier}: blocks of another size")
+        second = self.run(f"restart-{tier}-2", self.settings(tier, root))
+        self.all_from_tier(f"restart {tier} (process 2)", second)
+        self.same_outputs(f"restart {tier} (process 2)", second["outputs"])
+        self.notes.append(
+            f"restart {tier}: generate() {first['seconds']:.2f} s storing, {second['seconds']:.2f} s loading"
+        )
+        return root
+
+    def cross(self, roots: dict) -> None:
+        ours, theirs = roots["kvtier"], roots["vllm"]
+        mine, other = relative_blocks(ours), relative_blocks(theirs)
+        check(mine == other, f"cross-read: the tiers wrote different paths ({len(mine ^ other)} differ)")
+        for path in sorted(mine):
+            check(filecmp.cmp(ours / path, theirs / path, shallow=False), f"cross-read: {path} differs")
+        self.notes.append(f"cross-read: {len(mine)} block files at the same paths, byte-identical")
+        for tier, source in (("kvtier", theirs), ("vllm", ours)):
+            root = self.work / f"cross-{tier}"
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(source, root)
+            result = self.run(f"cross-{tier}-reads-the-other", self.settings(tier, root))
+            self.all_from_tier(f"cross-read {tier}", result)
+            self.same_outputs(f"cross-read {tier}", result["outputs"])
+
+    def crash(self, tier: str) -> None:
+        root = self.work / f"crash-{tier}"
+        shutil.rmtree(root, ignore_errors=True)
+        ready = self.work / f"crash-{tier}.ready"
+        ready.unlink(missing_ok=True)
+        shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+        settings = self.settings(tier, root, store_delay=3.0, ready_file=str(ready))
+        process, run_dir = self.start(f"crash-{tier}-1", settings)
+        deadline = time.monotonic() + 600
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(ready.exists(), f"crash {tier}: process 1 never finished a prompt\n{tail((run_dir / 'engine.log').read_text())}")
+        # Stores are held 3 s each: some are queued, some writing, now.
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        # A SIGKILL leaves the killed engine's region: nothing can unlink it.
+        for region in set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before:
+            os.unlink(region)
+        stored = block_files(root)
+        size = BLOCK_BYTES
+        partial = [p for p in stored if p.stat().st_size != size]
+        check(not partial, f"crash {tier}: partial blocks under a block's name: {partial}")
+        check(len(stored) < PROMPTS * PROMPT_TOKENS // 32, f"crash {tier}: every store finished before the kill")
+        # What a crash mid-write leaves: a temporary file beside a block.
+        leftover = rank_dir(root) / "abc" / "de_g0" / f"abcde{'0' * 59}.bin_{os.getpid()}.tmp"
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"\0" * (size // 2))
+        temps = temp_files(root)
+        # Process 2 is alone on the directory: every temporary file in it is
+        # a dead writer's, whatever its age.
+        options = {"stale_temp_age": 0} if tier == "kvtier" else {}
+        second = self.run(f"crash-{tier}-2", self.settings(tier, root, tier_options=options))
+        self.same_outputs(f"crash {tier} (process 2)", second["outputs"])
+        check(all(p.stat().st_size == size for p in block_files(root)), f"crash {tier}: a partial block appeared")
+        left = temp_files(root)
+        if tier == "kvtier":
+            check(not left, f"crash {tier}: temporary files not swept: {left}")
+        self.notes.append(
+            f"crash {tier}: {len(stored)} of {PROMPTS * PROMPT_TOKENS // 32} blocks stored before the kill, "
+            f"{len(temps)} temporary files after it (one planted), {len(left)} left after process 2"
+        )
+
+    def damage(self, tier: str, source: Path) -> None:
+        root = self.work / f"damage-{tier}"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(source, root)
+        blocks = sorted(block_files(root))
+        size = BLOCK_BYTES
+        victims = {kind: blocks[i] for i, kind in ((5, "truncated"), (23, "emptied"), (47, "directory"), (70, "removed"))}
+        originals = {kind: path.read_bytes() for kind, path in victims.items()}
+        with open(victims["truncated"], "r+b") as f:
+            f.truncate(size // 3)
+        victims["emptied"].write_bytes(b"")
+        victims["directory"].unlink()
+        victims["directory"].mkdir()
+        victims["removed"].unlink()
+        result = self.run(f"damage-{tier}", self.settings(tier, root))
+        self.same_outputs(f"damage {tier}", result["outputs"])
+        m = result["metrics"]
+        computed = m.get("vllm:prompt_tokens_by_source{source=local_compute}", 0)
+        check(computed > 0, f"damage {tier}: nothing was recomputed: {m}")
+        for kind in ("truncated", "emptied", "removed"):
+            path = victims[kind]
+            check(
+                path.is_file() and path.read_bytes() == originals[kind],
+                f"damage {tier}: the {kind} block was not stored whole again",
+            )
+        check(victims["directory"].is_dir(), f"damage {tier}: the directory in a block's place was touched")
+        self.notes.append(f"damage {tier}: {computed} prompt tokens recomputed of {PROMPTS * PROMPT_TOKENS}")
+
+    def preempt(self, tier: str) -> None:
+        root = self.work / f"preempt-{tier}"
+        shutil.rmtree(root, ignore_errors=True)
+        aborted = {1, 4}
+        settings = self.settings(tier, root, num_gpu_blocks=PREEMPT_BLOCKS, abort=sorted(aborted))
+        result = self.run(f"preempt-{tier}", settings)
+        preemptions = result["metrics"].get("vllm:num_preemptions", 0)
+        check(preemptions > 0, f"preempt {tier}: no request was preempted")
+        survivors = set(range(PROMPTS)) - aborted
+        check(
+            set(result["outputs"]) == {str(i) for i in survivors},
+            f"preempt {tier}: outputs for {sorted(result['outputs'])}",
+        )
+        self.same_outputs(f"preempt {tier}", result["outputs"], only=survivors)
+        self.notes.append(f"preempt {tier}: {preemptions} preemptions, {len(aborted)} aborted")
+
+
+def check_log(name: str, log: str) -> None:
+    """No traceback and no BufferError, but vLLM's own warmup warning (each
+    of its lines carries the warning's source location)."""
+    allowed = set()
+    for line in log.splitlines():
+        if KNOWN_WARNING in line:
+            allowed.add(line.split(KNOWN_WARNING)[0])
+    for line in log.splitlines():
+        if "Traceback" in line or "BufferError" in line:
+            if any(line.startswith(prefix) for prefix in allowed) and "BufferError" not in line:
+                continue
+            raise CheckFailed(f"{name}: the engine printed\n{line}\n{tail(log)}")
+
+
+def tail(log: str, lines: int = 40) -> str:
+    return "\n".join(log.splitlines()[-lines:])
+
+
+def block_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*.bin") if p.is_file()]
+
+
+def relative_blocks(root: Path) -> set:
+    return {p.relative_to(root) for p in block_files(root)}
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*.tmp")]
+
+
+def rank_dir(root: Path) -> Path:
+    [rank] = [p for p in root.iterdir() if p.is_dir() and p.name.endswith("_r0")]
+    return rank
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--tiers", default="kvtier,vllm")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    args = parser.parse_args()
+    tiers = args.tiers.split(",")
+    scenarios = args.scenarios.split(",")
+    unknown = set(scenarios) - set(SCENARIOS) or set(tiers) - {"kvtier", "vllm"}
+    if unknown:
+        parser.error(f"unknown: {sorted(unknown)}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    harness = Harness(args.work.resolve())
+    started = time.monotonic()
+    try:
+        make_model(harness.model)
+        harness.run_baseline()
+        roots = {}
+        if {"restart", "cross", "damage"} & set(scenarios):
+            for tier in tiers:
+                print(f"restart: {tier}", flush=True)
+                roots[tier] = harness.restart(tier)
+        if "cross" in scenarios and len(roots) == 2:
+            print("cross-read", flush=True)
+            harness.cross(roots)
+        for scenario in ("crash", "damage", "preempt"):
+            if scenario not in scenarios:
+                continue
+            for tier in tiers:
+                print(f"{scenario}: {tier}", flush=True)
+                if scenario == "damage":
+                    harness.damage(tier, roots[tier])
+                else:
+                    getattr(harness, scenario)(tier)
+    except CheckFailed as failure:
+        print(f"FAILED: {failure}", flush=True)
+        return 1
+    for note in harness.notes:
+        print(f"  {note}")
+    print(f"end-to-end: every check passed, {harness.runs} engine processes, {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""One real vLLM engine process for the end-to-end harness (``e2e.py``).
+
+Runs the prompts of a scenario through ``vllm.LLM`` on the CPU backend,
+with vLLM's tiering through ``kvtier.vllm.cpu.CpuTieringSpec`` and one
+secondary tier (kvtier's ``FsTier`` or vLLM's own fs tier), or without
+offloading; writes what came out (tokens, logprobs, vLLM's metrics) as JSON.
+
+    python engine.py SETTINGS.json OUT.json
+
+SETTINGS holds ``model``, ``prompts`` (token ids), ``max_tokens``, ``tier``
+(``"kvtier"``, ``"vllm"`` or ``null``), ``root``, and optionally
+``kv_space_gib``, ``cpu_bytes``, ``max_num_seqs``, ``num_gpu_blocks`` (a
+KV cache of that many blocks), ``warmup`` (token ids run once before the
+timed prompts), ``model_len``, ``load_format``, ``tier_options`` (more
+settings of the tier), ``abort`` (indices of
+prompts to abort once they have started), ``store_delay`` (seconds each
+kvtier store waits before it starts: makes stores slow enough to be in
+flight), ``ready_file`` (written once the first prompt has finished).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def tier_config(settings: dict) -> dict:
+    """The secondary tier the scenario runs."""
+    root = settings["root"]
+    tier = {"type": "fs", "root_dir": root} if settings["tier"] == "vllm" else {
+        "type": "FsTier", "module_path": "kvtier.vllm", "root_dir": root}
+    if settings.get("store_delay"):
+        slow = "SlowStoreVllmFsTier" if settings["tier"] == "vllm" else "SlowStoreFsTier"
+        tier.update(type=slow, module_path="slow_tier", store_delay=settings["store_delay"])
+    tier.update(settings.get("tier_options", {}))
+    return tier
+
+
+def transfer_config(settings: dict):
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": "CpuTieringSpec",
+            "spec_module_path": "kvtier.vllm.cpu",
+            "cpu_bytes_to_use": settings.get("cpu_bytes", 64 << 20),
+            "secondary_tiers": [tier_config(settings)],
+        },
+    )
+
+
+def metrics(llm) -> dict:
+    """vLLM's counters that say where prompt tokens came from."""
+    wanted = {
+        "vllm:prompt_tokens",
+        "vllm:prompt_tokens_by_source",
+        "vllm:prompt_tokens_cached_by_source",
+        "vllm:external_prefix_cache_hits",
+        "vllm:external_prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:num_preemptions",
+    }
+    out: dict = {}
+    for metric in llm.get_metrics():
+        if metric.name not in wanted or not hasattr(metric, "value"):
+            continue
+        labels = ",".join(f"{k}={v}" for k, v in sorted(metric.labels.items()) if k not in ("model_name", "engine"))
+        out[f"{metric.name}{{{labels}}}" if labels else metric.name] = metric.value
+    return out
+
+
+def main() -> None:
+    settings = json.load(open(sys.argv[1]))
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("kv_space_gib", 1))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = {}
+    if settings.get("load_format"):
+        kwargs["load_format"] = settings["load_format"]
+    if settings.get("num_gpu_blocks"):
+        kwargs["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    if settings["tier"]:
+        kwargs["kv_transfer_config"] = transfer_config(settings)
+    llm = LLM(
+        model=settings["model"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        block_size=32,
+        dtype="float32",
+        max_model_len=settings.get("model_len", 1024),
+        max_num_seqs=settings.get("max_num_seqs", 16),
+        enable_prefix_caching=True,
+        seed=0,
+        disable_log_stats=False,
+        **kwargs,
+    )
+    params = SamplingParams(
+        temperature=0.0, max_tokens=settings["max_tokens"], ignore_eos=True, detokenize=False, logprobs=1
+    )
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in settings["prompts"]]
+    if settings.get("warmup"):
+        # One short prompt of its own first: the timed run then pays no
+        # first-call costs (kernel selection, allocations).
+        llm.generate([TokensPrompt(prompt_token_ids=settings["warmup"])], params, use_tqdm=False)
+    started = time.perf_counter()
+    outputs = run(llm, prompts, params, set(settings.get("abort", ())), settings.get("ready_file"))
+    seconds = time.perf_counter() - started
+    result = {
+        "outputs": outputs,
+        "seconds": seconds,
+        "metrics": metrics(llm),
+    }
+    json.dump(result, open(sys.argv[2], "w"))
+    # An orderly shutdown, as a server's: the harness checks what it prints.
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+
+
+def run(llm, prompts, params, abort: set, ready_file) -> dict:
+    """Runs the prompts through the engine step by step; the prompts in
+    ``abort`` are aborted once they have produced a token."""
+    engine = llm.llm_engine
+    ids = {}
+    for i, prompt in enumerate(prompts):
+        request_id = f"p{i}"
+        engine.add_request(request_id, prompt, params)
+        ids[request_id] = i
+    outputs: dict = {}
+    aborted: set = set()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            i = ids[output.request_id]
+            completion = output.outputs[0]
+            if i in abort and output.request_id not in aborted and completion.token_ids:
+                engine.abort_request([output.request_id])
+                aborted.add(output.request_id)
+                continue
+            if output.finished and output.request_id not in aborted:
+                outputs[str(i)] = {
+                    "tokens": list(completion.token_ids),
+                    "logprobs": [
+                        step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)
+                    ],
+                }
+                if ready_file and not os.path.exists(ready_file):
+                    open(ready_file, "w").close()
+    return outputs
+
+
+if __name__ == "__main__":
+    main()
