@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import pathlib
 import random
 import re
@@ -153,8 +154,13 @@ def test_vllms_factory_loads_the_spec_from_its_module_path():
 
 
 def test_shutdown_lets_go_of_the_primary_memory_before_vllm_releases_it(tmp_path):
+    def held():
+        """Threads and file descriptors of this process."""
+        return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
     memory = primary_memory(16, 4096)
     view = memoryview(memory)
+    before = held()
     tier = FsTier(offloading_spec(), view, "fs", str(tmp_path), n_read_threads=1, n_write_threads=1)
     for i in range(16):
         tier.submit_store(
@@ -163,6 +169,7 @@ def test_shutdown_lets_go_of_the_primary_memory_before_vllm_releases_it(tmp_path
     tier.shutdown()
     # vLLM's CPUPrimaryTierOffloadingManager.shutdown() does this next.
     view.release()
+    assert held() == before, "threads or file descriptors outlive the tier's shutdown"
     finished = list(tier.get_finished_jobs())
     assert len(finished) == 16 and all(r.success for r in finished), "the grace let the stores finish"
 

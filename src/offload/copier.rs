@@ -11,7 +11,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use super::plan::{Copy, CopyLayout, Direction, PlanError, Transfer};
@@ -19,6 +18,7 @@ use crate::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::tier::identified_by_id;
 use crate::tier::pool::IoPool;
 
 /// A job as the tracker holds it: equal, and hashed, by id alone.
@@ -41,19 +41,7 @@ impl Job {
     }
 }
 
-impl PartialEq for Job {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Job {}
-
-impl Hash for Job {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
+identified_by_id!(Job);
 
 impl fmt::Debug for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

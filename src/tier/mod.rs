@@ -20,6 +20,28 @@ mod key;
 mod object;
 #[cfg(fs_tier)]
 pub(crate) mod pool;
+
+/// Equality and hashing by the `id` field alone: a transfer job as a
+/// [`SaveTracker`](crate::SaveTracker) holds it (its other fields describe
+/// it, they do not name it).
+macro_rules! identified_by_id {
+    ($job:ty) => {
+        impl PartialEq for $job {
+            fn eq(&self, other: &Self) -> bool {
+                self.id == other.id
+            }
+        }
+
+        impl Eq for $job {}
+
+        impl std::hash::Hash for $job {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.id.hash(state);
+            }
+        }
+    };
+}
+pub(crate) use identified_by_id;
 #[cfg(object_tier)]
 mod s3;
 mod save;

@@ -12,10 +12,12 @@ SETTINGS holds ``model``, ``prompts`` (token ids), ``max_tokens``, ``tier``
 ``kv_space_gib``, ``cpu_bytes``, ``max_num_seqs``, ``num_gpu_blocks`` (a
 KV cache of that many blocks), ``warmup`` (token ids run once before the
 timed prompts), ``model_len``, ``load_format``, ``tier_options`` (more
-settings of the tier), ``abort`` (indices of
+settings of the tier), ``offload_block_size`` (tokens per offloaded block,
+a multiple of the engine's 32), ``abort`` (indices of
 prompts to abort once they have started), ``store_delay`` (seconds each
-kvtier store waits before it starts: makes stores slow enough to be in
-flight), ``ready_file`` (written once the first prompt has finished).
+store job is held before it reaches the tier: makes stores slow enough to
+be in flight), ``linger`` (seconds to wait after the prompts before the
+shutdown, while the engine core goes on with its stores).
 """
 
 from __future__ import annotations
@@ -41,16 +43,16 @@ def tier_config(settings: dict) -> dict:
 def transfer_config(settings: dict):
     from vllm.config import KVTransferConfig
 
-    return KVTransferConfig(
-        kv_connector="OffloadingConnector",
-        kv_role="kv_both",
-        kv_connector_extra_config={
-            "spec_name": "CpuTieringSpec",
-            "spec_module_path": "kvtier.vllm.cpu",
-            "cpu_bytes_to_use": settings.get("cpu_bytes", 64 << 20),
-            "secondary_tiers": [tier_config(settings)],
-        },
-    )
+    extra = {
+        "spec_name": "CpuTieringSpec",
+        "spec_module_path": "kvtier.vllm.cpu",
+        "cpu_bytes_to_use": settings.get("cpu_bytes", 64 << 20),
+        "secondary_tiers": [tier_config(settings)],
+    }
+    if settings.get("offload_block_size"):
+        # Offloaded blocks of several engine blocks (chunks).
+        extra["block_size"] = settings["offload_block_size"]
+    return KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 
 def metrics(llm) -> dict:
@@ -108,7 +110,7 @@ def main() -> None:
         # first-call costs (kernel selection, allocations).
         llm.generate([TokensPrompt(prompt_token_ids=settings["warmup"])], params, use_tqdm=False)
     started = time.perf_counter()
-    outputs = run(llm, prompts, params, set(settings.get("abort", ())), settings.get("ready_file"))
+    outputs = run(llm, prompts, params, set(settings.get("abort", ())))
     seconds = time.perf_counter() - started
     result = {
         "outputs": outputs,
@@ -116,12 +118,16 @@ def main() -> None:
         "metrics": metrics(llm),
     }
     json.dump(result, open(sys.argv[2], "w"))
+    # The engine core keeps stepping while the tiers have work in flight:
+    # lingering lets slow stores trickle out (the crash scenario kills the
+    # engine meanwhile).
+    time.sleep(settings.get("linger", 0))
     # An orderly shutdown, as a server's: the harness checks what it prints.
     llm.llm_engine.engine_core.shutdown()
     del llm
 
 
-def run(llm, prompts, params, abort: set, ready_file) -> dict:
+def run(llm, prompts, params, abort: set) -> dict:
     """Runs the prompts through the engine step by step; the prompts in
     ``abort`` are aborted once they have produced a token."""
     engine = llm.llm_engine
@@ -147,8 +153,6 @@ def run(llm, prompts, params, abort: set, ready_file) -> dict:
                         step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)
                     ],
                 }
-                if ready_file and not os.path.exists(ready_file):
-                    open(ready_file, "w").close()
     return outputs
 
 

@@ -13,7 +13,6 @@
 //! hears of every other job.
 
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use super::blocks::{load_block, store_block, sweep_temps};
@@ -82,19 +81,7 @@ impl Job {
     }
 }
 
-impl PartialEq for Job {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Job {}
-
-impl Hash for Job {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
+identified_by_id!(Job);
 
 impl fmt::Debug for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
