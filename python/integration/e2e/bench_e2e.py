@@ -93,8 +93,10 @@ def generate_figures(work: Path, model: Path, label: str, prompts: list, runs: i
                 shutil.rmtree(root, ignore_errors=True)
                 engine(work, f"{label}-{tier}-fill", dict(base, tier=tier, root=str(root)))
             out = engine(work, f"{label}-{tier}-{run}", dict(base, tier=tier, root=str(root)))
+            # The warmup prompt's last, partial block is all a process 2
+            # computes: every prompt block comes from the tier.
             computed = out["metrics"].get("vllm:prompt_tokens_by_source{source=local_compute}")
-            assert computed == 0, f"{label} {tier}: {computed} prompt tokens computed"
+            assert computed == len(base["warmup"]) % 32, f"{label} {tier}: {computed} prompt tokens computed"
             seconds[tier].append(out["seconds"])
         out = engine(work, f"{label}-recompute-{run}", dict(base, tier=None, root=""))
         seconds["recompute"].append(out["seconds"])
