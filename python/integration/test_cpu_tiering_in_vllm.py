@@ -10,7 +10,8 @@ Run in vLLM's venv (python/integration/vllm.sh does):
 - ``CpuTieringSpec`` loaded by vLLM's spec factory;
 - ``FsTier.shutdown()`` lets go of the primary memory, so vLLM's primary
   tier can release its memoryview next (it raised ``BufferError``), and
-  queued stores get their grace.
+  queued stores get their grace: alone, and inside vLLM's
+  ``TieringOffloadingManager.shutdown()``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
-from vllm_support import context, key, offloading_spec, primary_memory
+from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
 
 ENGINE_BLOCKS, CHUNKS = 24, 12
 
@@ -184,3 +186,25 @@ def test_the_readmes_cpu_recipe_names_this_spec_and_kvtiers_tier():
     assert CpuTieringSpec.build_metric_definitions(extra)
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is FsTier
+
+
+def test_vllms_tier_manager_shuts_down_over_kvtiers_tier_and_keeps_its_queued_stores(tmp_path):
+    # vLLM's order at an engine's shutdown: every tier's shutdown() (no
+    # drain), then the primary tier's, which releases its memoryview. With
+    # kvtier's tier still holding an export, that raised BufferError.
+    memory = primary_memory(16, 4096)
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=16, mmap_region=Region(memory))
+    tier = FsTier(
+        offloading_spec(), primary.get_kv_memoryview(), "fs", str(tmp_path), n_read_threads=1, n_write_threads=1
+    )
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    ctx = context("writer")
+    manager.on_new_request(ctx)
+    keys = [key(i) for i in range(12)]
+    assert manager.prepare_store(keys, ctx) is not None
+    manager.complete_store(keys, ctx)
+    manager.on_schedule_end(STEP_END)  # the cascades reach the tier
+    assert manager.has_pending_work()
+    manager.shutdown()
+    stored = [os.path.exists(tier.file_mapper.get_file_name(k)) for k in keys]
+    assert all(stored), f"stores queued at shutdown were dropped: {stored}"

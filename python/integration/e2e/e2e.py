@@ -145,7 +145,11 @@ class Harness:
         started = time.monotonic()
         process, run_dir = self.start(name, settings)
         status = process.wait(timeout=900)
+        # The engine's own processes (engine core, worker) may still be
+        # tearing down: the checks below are of what they all leave.
+        gone = wait_for_group(process.pid, timeout=120)
         log = (run_dir / "engine.log").read_text()
+        check(gone, f"{run_dir.name}: engine processes outlived the engine by 120 s\n{tail(log)}")
         print(f"  {run_dir.name}: {time.monotonic() - started:.0f} s", flush=True)
         check(status == 0, f"{run_dir.name}: the engine exited with {status}\n{tail(log)}")
         check_log(run_dir.name, log)
@@ -238,7 +242,7 @@ class Harness:
     def crash(self, tier: str) -> None:
         root = self.work / f"crash-{tier}"
         shutil.rmtree(root, ignore_errors=True)
-        shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+        shm_before = set(glob.glob("/dev/shm/*"))
         # Each store job is held 1 s before it reaches the tier, and the
         # engine lingers after its prompts, so stores trickle out.
         settings = self.settings(tier, root, store_delay=1.0, linger=300)
@@ -253,9 +257,11 @@ class Harness:
         # The first blocks are in; the rest are held, queued or being written.
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        # A SIGKILL leaves the killed engine's region: nothing can unlink it.
-        for region in set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before:
-            os.unlink(region)
+        wait_for_group(process.pid, timeout=120)
+        # A SIGKILL leaves the killed engine's shared memory (its offload
+        # region, its processes' queues): nothing of it can unlink them.
+        for left in set(glob.glob("/dev/shm/*")) - shm_before:
+            os.unlink(left)
         stored = block_files(root)
         size = BLOCK_BYTES
         partial = [p for p in stored if p.stat().st_size != size]
@@ -337,6 +343,30 @@ def check_log(name: str, log: str) -> None:
             if any(line.startswith(prefix) for prefix in allowed) and "BufferError" not in line:
                 continue
             raise CheckFailed(f"{name}: the engine printed\n{line}\n{tail(log)}")
+
+
+def wait_for_group(group: int, timeout: float) -> bool:
+    """Waits until no process of process group `group` runs (a zombie
+    waiting for its parent to reap it runs nothing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(state != "Z" for state in group_states(group)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def group_states(group: int) -> list[str]:
+    """The states of the processes in process group `group` (/proc)."""
+    states = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            states.append(fields[0])
+    return states
 
 
 def tail(log: str, lines: int = 40) -> str:

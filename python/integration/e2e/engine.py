@@ -122,8 +122,12 @@ def main() -> None:
     # lingering lets slow stores trickle out (the crash scenario kills the
     # engine meanwhile).
     time.sleep(settings.get("linger", 0))
-    # An orderly shutdown, as a server's: the harness checks what it prints.
-    llm.llm_engine.engine_core.shutdown()
+    # An orderly shutdown, as a server's: the harness checks what it prints
+    # and what it leaves. vLLM gives its engine processes 5 s after SIGTERM
+    # by default, then kills them (and their /dev/shm region stays); the
+    # harness gives them 60 s, so a loaded machine does not turn vLLM's
+    # deadline into a leak of kvtier's.
+    llm.llm_engine.engine_core.shutdown(timeout=60)
     del llm
 
 

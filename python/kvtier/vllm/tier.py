@@ -108,7 +108,7 @@ class FsTier(SecondaryTierManager):
     probed at once, default 4), ``lookup_timeout`` (seconds a group's
     probe may take before its keys are misses, default 2; ``None``: no
     limit), ``shutdown_grace`` (seconds that stores still queued at
-    ``shutdown()`` get to start, default 10; see ``shutdown``) and
+    ``shutdown()`` get to start, default 2; see ``shutdown``) and
     ``stale_temp_age`` (at start, temporary block files left by writers
     that died mid-store and older than this many seconds are swept in the
     background, default 600: younger ones may be another live engine's;
@@ -130,7 +130,7 @@ class FsTier(SecondaryTierManager):
         backpressure_detector: Optional[BackpressureDetector] = None,
         lookup_concurrency: int = 4,
         lookup_timeout: Optional[float] = 2.0,
-        shutdown_grace: float = 10.0,
+        shutdown_grace: float = 2.0,
         stale_temp_age: Optional[float] = 600.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -254,7 +254,10 @@ class FsTier(SecondaryTierManager):
         reported as failed by a later ``get_finished_jobs``. Running
         transfers finish. A dropped store loses nothing but a cache entry:
         no partial file is left, and the block is computed again. The wait
-        is bounded by the grace plus the longest single transfer."""
+        is bounded by the grace plus the longest single transfer. The
+        default grace fits inside the 5 s vLLM gives its engine processes
+        after SIGTERM before it kills them; raise it with vLLM's own
+        shutdown timeout."""
         self._closed = True
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)
