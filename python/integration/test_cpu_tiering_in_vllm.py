@@ -186,6 +186,14 @@ def test_the_readmes_cpu_recipe_names_this_spec_and_kvtiers_tier():
     assert CpuTieringSpec.build_metric_definitions(extra)
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is FsTier
+    # The offline script beside it builds vLLM's KVTransferConfig from that
+    # JSON, as it is written.
+    [script] = re.findall(r"```python\n(.*?)```", section, re.S)
+    compile(script, "README.md", "exec")
+    assert 'KVTransferConfig(**json.load(open("kv-transfer.json")))' in script
+    from vllm.config import KVTransferConfig
+
+    assert KVTransferConfig(**config).kv_connector_extra_config["spec_name"] == "CpuTieringSpec"
 
 
 def test_vllms_tier_manager_shuts_down_over_kvtiers_tier_and_keeps_its_queued_stores(tmp_path):

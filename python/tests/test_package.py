@@ -75,6 +75,9 @@ def test_the_package_docstrings_run():
 def test_the_readmes_python_quick_start_runs(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    # A recipe that starts a vLLM engine needs vLLM and a model: it is
+    # checked in vLLM's venv (python/integration/test_cpu_tiering_in_vllm.py).
+    blocks = [block for block in blocks if "from vllm" not in block]
     assert blocks, "the README has a Python quick start"
     monkeypatch.chdir(tmp_path)
     for block in blocks:

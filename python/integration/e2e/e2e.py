@@ -11,8 +11,9 @@ and once with vLLM's own fs tier (the control). What it checks:
   logprobs of a run without offloading;
 - chunks: the same with offloaded blocks of two engine blocks (kvtier's
   tier: the CPU worker under test is the same for both tiers);
-- cross-read: both tiers wrote byte-identical files at the same paths, and
-  each serves a second process from the other's directory;
+- cross-read: one engine with both tiers side by side makes them write
+  byte-identical files at the same paths, and each tier serves a fresh
+  process from the other's directory;
 - crash: process 1 is killed (SIGKILL) while stores are in flight; no
   partial block is left under a block's name, process 2's outputs match,
   and kvtier sweeps the temporary files a crash leaves;
@@ -224,9 +225,20 @@ class Harness:
         self.same_outputs("chunks (process 2)", second["outputs"])
         self.notes.append(f"chunks: {len(blocks)} two-block files, process 2 loaded every prompt token")
 
-    def cross(self, roots: dict) -> None:
+    def cross(self) -> None:
+        """One engine with both tiers side by side writes the same chunks
+        through each: the files must be the same bytes at the same paths
+        (two engines cannot be compared so: the CPU kernels' rounding
+        varies from run to run, in the last bit). Then each tier serves a
+        fresh engine from a copy of the other's directory."""
+        roots = {tier: self.work / f"cross-written-by-{tier}" for tier in ("kvtier", "vllm")}
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+        both = self.run("cross-both-tiers", self.settings("both", "", roots={t: str(r) for t, r in roots.items()}))
+        self.same_outputs("cross-read (both tiers)", both["outputs"])
         ours, theirs = roots["kvtier"], roots["vllm"]
         mine, other = relative_blocks(ours), relative_blocks(theirs)
+        check(len(mine) == PROMPTS * PROMPT_TOKENS // 32, f"cross-read: kvtier stored {len(mine)} blocks")
         check(mine == other, f"cross-read: the tiers wrote different paths ({len(mine ^ other)} differ)")
         for path in sorted(mine):
             check(filecmp.cmp(ours / path, theirs / path, shallow=False), f"cross-read: {path} differs")
@@ -308,9 +320,12 @@ class Harness:
         for kind in ("truncated", "emptied", "removed"):
             path = victims[kind]
             check(
-                path.is_file() and path.read_bytes() == originals[kind],
+                path.is_file() and path.stat().st_size == size,
                 f"damage {tier}: the {kind} block was not stored whole again",
             )
+            # Recomputed, so equal up to the kernels' rounding.
+            drift = kv_drift(path.read_bytes(), originals[kind])
+            check(drift <= 1e-4, f"damage {tier}: the {kind} block was stored again with other values ({drift})")
         check(victims["directory"].is_dir(), f"damage {tier}: the directory in a block's place was touched")
         self.notes.append(f"damage {tier}: {computed} prompt tokens recomputed of {PROMPTS * PROMPT_TOKENS}")
 
@@ -343,6 +358,13 @@ def check_log(name: str, log: str) -> None:
             if any(line.startswith(prefix) for prefix in allowed) and "BufferError" not in line:
                 continue
             raise CheckFailed(f"{name}: the engine printed\n{line}\n{tail(log)}")
+
+
+def kv_drift(a: bytes, b: bytes) -> float:
+    """The largest difference between two blocks of float32 KV values."""
+    import numpy as np
+
+    return float(np.max(np.abs(np.frombuffer(a, np.float32) - np.frombuffer(b, np.float32))))
 
 
 def wait_for_group(group: int, timeout: float) -> bool:
@@ -408,16 +430,16 @@ def main() -> int:
         make_model(harness.model)
         harness.run_baseline()
         roots = {}
-        if {"restart", "cross", "damage"} & set(scenarios):
+        if {"restart", "damage"} & set(scenarios):
             for tier in tiers:
                 print(f"restart: {tier}", flush=True)
                 roots[tier] = harness.restart(tier)
         if "chunks" in scenarios:
             print("chunks: kvtier, offloaded blocks of 2 engine blocks", flush=True)
             harness.chunks()
-        if "cross" in scenarios and len(roots) == 2:
+        if "cross" in scenarios:
             print("cross-read", flush=True)
-            harness.cross(roots)
+            harness.cross()
         for scenario in ("crash", "damage", "preempt"):
             if scenario not in scenarios:
                 continue

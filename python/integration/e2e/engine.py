@@ -8,7 +8,8 @@ offloading; writes what came out (tokens, logprobs, vLLM's metrics) as JSON.
     python engine.py SETTINGS.json OUT.json
 
 SETTINGS holds ``model``, ``prompts`` (token ids), ``max_tokens``, ``tier``
-(``"kvtier"``, ``"vllm"`` or ``null``), ``root``, and optionally
+(``"kvtier"``, ``"vllm"``, ``"both"`` with ``roots`` for each, or ``null``),
+``root``, and optionally
 ``kv_space_gib``, ``cpu_bytes``, ``max_num_seqs``, ``num_gpu_blocks`` (a
 KV cache of that many blocks), ``warmup`` (token ids run once before the
 timed prompts), ``model_len``, ``load_format``, ``tier_options`` (more
@@ -28,8 +29,16 @@ import sys
 import time
 
 
+def tier_configs(settings: dict) -> list:
+    """The secondary tiers the scenario runs: one, or (``"both"``) kvtier's
+    and vLLM's side by side, each on its own root, fed the same chunks."""
+    if settings["tier"] == "both":
+        roots = settings["roots"]
+        return [tier_config(dict(settings, tier=tier, root=roots[tier])) for tier in ("kvtier", "vllm")]
+    return [tier_config(settings)]
+
+
 def tier_config(settings: dict) -> dict:
-    """The secondary tier the scenario runs."""
     root = settings["root"]
     tier = {"type": "fs", "root_dir": root} if settings["tier"] == "vllm" else {
         "type": "FsTier", "module_path": "kvtier.vllm", "root_dir": root}
@@ -47,7 +56,7 @@ def transfer_config(settings: dict):
         "spec_name": "CpuTieringSpec",
         "spec_module_path": "kvtier.vllm.cpu",
         "cpu_bytes_to_use": settings.get("cpu_bytes", 64 << 20),
-        "secondary_tiers": [tier_config(settings)],
+        "secondary_tiers": tier_configs(settings),
     }
     if settings.get("offload_block_size"):
         # Offloaded blocks of several engine blocks (chunks).
