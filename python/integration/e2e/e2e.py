@@ -58,9 +58,13 @@ MAX_TOKENS = 12
 #: of 32 tokens, 4 heads of 64 float32 values, in each of 2 layers.
 LAYERS, KV_HEADS, HEAD_DIM = 2, 4, 64
 BLOCK_BYTES = LAYERS * 2 * 32 * KV_HEADS * HEAD_DIM * 4
-#: A KV cache of 37 blocks holds two 18-block prompts and one more block:
-#: their first decode steps need two, so one request is preempted.
-PREEMPT_BLOCKS = 37
+#: The preemption scenario's requests generate 64 tokens, so each grows to
+#: 20 blocks; a KV cache of 38 blocks admits a second 18-block prompt beside
+#: a running one but cannot hold both as they grow: whenever two run at
+#: once, one is preempted. Their first MAX_TOKENS tokens are compared with
+#: the baseline (greedy decoding: a longer generation starts with the
+#: shorter one).
+PREEMPT_BLOCKS, PREEMPT_TOKENS = 38, 64
 #: Largest |Δ logprob| accepted between a loaded and a recomputed prefix
 #: (float32; seen: under 5e-6).
 LOGPROB_TOLERANCE = 1e-3
@@ -165,7 +169,7 @@ class Harness:
             if only is not None and int(i) not in only:
                 continue
             check(i in outputs, f"{name}: prompt {i} produced no output")
-            got = outputs[i]
+            got = {k: v[: len(expected[k])] for k, v in outputs[i].items()}
             check(
                 got["tokens"] == expected["tokens"],
                 f"{name}: prompt {i} gave tokens {got['tokens']}, without offloading {expected['tokens']}",
@@ -334,6 +338,7 @@ class Harness:
         shutil.rmtree(root, ignore_errors=True)
         aborted = {1, 4}
         settings = self.settings(tier, root, num_gpu_blocks=PREEMPT_BLOCKS, abort=sorted(aborted))
+        settings["max_tokens"] = PREEMPT_TOKENS
         result = self.run(f"preempt-{tier}", settings)
         preemptions = result["metrics"].get("vllm:num_preemptions", 0)
         check(preemptions > 0, f"preempt {tier}: no request was preempted")
