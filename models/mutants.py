@@ -1058,6 +1058,12 @@ MUTATIONS = [
         in_vllm("python", "test_async_lookup.py", "test_stale_result_ignored_after_cleanup_and_key_reuse"),
     ),
     Mutation(
+        "N6-no-miss-marked-after-shutdown",
+        "a load that ends after shutdown marks its keys a miss on the closed lookup, which raises mid-report",
+        [("                if not self._closed:", "                if True:")],
+        in_vllm("own", "test_cpu_tiering_in_vllm.py", "test_jobs_that_end_at_shutdown_are_still_reported_without_an_error"),
+    ),
+    Mutation(
         "P2-shutdown-lets-go-of-the-gil",
         "Lookup.shutdown joins the prober holding the GIL, which a Python backend's last call needs",
         [("let stopped = py.detach(move || lookup.shutdown());",

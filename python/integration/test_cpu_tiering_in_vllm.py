@@ -216,3 +216,19 @@ def test_vllms_tier_manager_shuts_down_over_kvtiers_tier_and_keeps_its_queued_st
     manager.shutdown()
     stored = [os.path.exists(tier.file_mapper.get_file_name(k)) for k in keys]
     assert all(stored), f"stores queued at shutdown were dropped: {stored}"
+
+
+def test_jobs_that_end_at_shutdown_are_still_reported_without_an_error(tmp_path):
+    # A load that fails marks its keys a miss through the lookup; after
+    # shutdown the lookup is closed, and that must not cut the report short.
+    memory = primary_memory(8, 4096)
+    tier = FsTier(offloading_spec(), memoryview(memory), "fs", str(tmp_path), n_read_threads=1, n_write_threads=1)
+    job = TransferJob(job_id=1, keys=[key(1)], chunk_ids=np.array([0]), is_promotion=True, req_context=context("r"))
+    tier.submit_load(job)
+    tier.submit_store(
+        TransferJob(job_id=2, keys=[key(2)], chunk_ids=np.array([1]), is_promotion=False, req_context=context("r"))
+    )
+    tier.shutdown()
+    finished = {r.job_id: r.success for r in tier.get_finished_jobs()}
+    assert finished == {1: False, 2: True}, "every job is reported once, after shutdown too"
+    assert list(tier.get_finished_jobs()) == []

@@ -210,7 +210,9 @@ class FsTier(SecondaryTierManager):
             if is_load and not success:
                 # A request needs its blocks as a prefix: from the first bad
                 # block on, the blocks are recomputed, so their lookups miss
-                # (after shutdown there are no lookups left to correct).
+                # (after shutdown there are no lookups left to correct, and
+                # the closed lookup would cut the report short).
+                # guard: N6-no-miss-marked-after-shutdown
                 if not self._closed:
                     # guard: N1-a-failed-load-gives-up-only-its-tail
                     self._lookup_manager.mark_miss(keys[done:])
