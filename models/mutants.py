@@ -888,7 +888,8 @@ MUTATIONS = [
     Mutation(
         "V3-a-present-block-is-not-rewritten",
         "a store rewrites a block that is already in the tier",
-        [("    if exists(path, true)? {", "    if false && exists(path, true)? {")],
+        [("        Ok(metadata) if metadata.is_file() && metadata.len() == bytes.len() as u64 => {",
+          "        Ok(metadata) if false && metadata.is_file() => {")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_block_already_stored"],
     ),
     Mutation(
@@ -906,9 +907,24 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
     ),
     Mutation(
+        "V9-a-wrong-sized-block-is-replaced",
+        "a store keeps any regular file at the block's name, whatever its size, and reports the block stored",
+        [("        Ok(metadata) if metadata.is_file() && metadata.len() == bytes.len() as u64 => {",
+          "        Ok(metadata) if metadata.is_file() => {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_wrong_sized_file_is_replaced"],
+    ),
+    Mutation(
+        "V9-a-longer-block-is-removed",
+        "a block file longer than a block stays in place: every lookup answers hit and every load of it fails",
+        [("        // guard: V9-a-longer-block-is-removed\n        remove_if_same_file(path, &metadata);\n",
+          "        // guard: V9-a-longer-block-is-removed\n")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+    ),
+    Mutation(
         "V4-a-short-block-is-removed",
         "a short (damaged) block file is left in place, so every lookup finds it and every load fails",
-        [("        remove_if_same_file(path, &metadata);\n", "")],
+        [("        // guard: V4-a-short-block-is-removed\n        remove_if_same_file(path, &metadata);\n",
+          "        // guard: V4-a-short-block-is-removed\n")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
     ),
     Mutation(

@@ -873,6 +873,22 @@ fn an_aggregator_for_no_workers_is_refused() {
     assert!(ReportAggregator::<u64>::new(1).is_ok());
 }
 
+/// A worker count is a caller's number: past the cap it is refused with a
+/// typed error instead of sizing two vectors (2**40 workers aborted the
+/// process with a failed allocation).
+#[test]
+fn an_aggregator_for_more_workers_than_the_cap_is_refused() {
+    let max = ReportAggregator::<u64>::MAX_WORKERS;
+    assert!(ReportAggregator::<u64>::new(max).is_ok());
+    for workers in [max + 1, 1 << 31, 1 << 40, usize::MAX] {
+        let refused = ReportAggregator::<u64>::new(workers);
+        assert!(
+            matches!(refused, Err(ReportError::TooManyWorkers { workers: w, max: m }) if w == workers && m == max),
+            "{refused:?}"
+        );
+    }
+}
+
 #[test]
 fn each_reported_request_says_whether_every_save_of_it_succeeded() {
     for mode in [CompletionMode::NonBlocking, CompletionMode::Blocking] {

@@ -134,3 +134,14 @@ fn a_key_that_names_no_file_is_a_miss_on_its_own() {
     );
     assert_eq!(lookup.stats().backend_errors, 0);
 }
+
+/// No path holds a NUL: a rank directory with one is refused at once, not
+/// accepted to make every key miss.
+#[test]
+fn a_rank_directory_with_a_nul_is_refused() {
+    let refused = VllmFsLayout::new("/tmp/a\0b");
+    assert!(
+        matches!(refused, Err(kvtier::TierError::Config(ref message)) if message.contains("NUL")),
+        "{refused:?}"
+    );
+}

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use kvtier::save::SaveOutcome;
 use kvtier::tier::{
-    FinishedTransfer, PrimaryRegion, TransferError, TransferKind, VllmFsLayout, VllmTransfers,
+    FinishedTransfer, PrimaryRegion, TierError, TransferError, TransferKind, VllmFsLayout,
+    VllmTransfers,
 };
 
 const BLOCK: usize = 4096;
@@ -159,8 +160,40 @@ fn a_failed_load_keeps_the_blocks_before_its_first_bad_one_and_stops_there() {
     assert_eq!(first_bad.failed_keys().len(), 2);
 }
 
+/// A regular file of the wrong size at a block's name is not a block: a
+/// store replaces it (atomically, through a temporary file) and the next
+/// load reads the block back.
 #[test]
-fn a_short_file_is_removed_and_files_that_are_not_short_stay() {
+fn a_wrong_sized_file_is_replaced_by_a_store() {
+    let mut f = fixture(2, 1);
+    f.fill(0, 4);
+    let path = vllm_path(&f.rank_dir, 7);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    for wrong in [vec![1u8; BLOCK + 1], vec![1u8; BLOCK - 1], Vec::new()] {
+        fs::write(&path, &wrong).unwrap();
+        assert!(f.run(TransferKind::Store, 1, &[7], &[0]).succeeded());
+        assert_eq!(fs::read(&path).unwrap(), pattern(4), "replaced");
+        let loaded = f.run(TransferKind::Load, 2, &[7], &[1]);
+        assert!(loaded.succeeded());
+        assert_eq!(f.block(1), pattern(4));
+        f.fill(1, 0);
+    }
+    let leftovers = fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
+        .count();
+    assert_eq!(leftovers, 0, "no temporary file is left");
+}
+
+#[test]
+fn a_short_or_long_file_is_removed_and_files_that_are_not_regular_stay() {
     let mut f = fixture(4, 1);
     f.fill(0, 3);
     assert!(
@@ -177,8 +210,8 @@ fn a_short_file_is_removed_and_files_that_are_not_short_stay() {
     );
     assert!(!f.run(TransferKind::Load, 3, &[2], &[1]).succeeded());
     assert!(
-        long.exists(),
-        "a longer file is another layout's block: kept"
+        !long.exists(),
+        "a longer file is a damaged block too: removed, so the next lookup misses"
     );
     #[cfg(unix)]
     {
@@ -475,4 +508,30 @@ fn shutdown_drops_the_loads_still_queued() {
         failed, report.loads_dropped,
         "exactly the dropped loads failed"
     );
+}
+
+/// Thread counts are a caller's numbers: past the cap (or when their sum
+/// wraps) they are a configuration error, not an allocation that aborts
+/// the process or a sum that wraps to "no threads".
+#[test]
+fn thread_counts_past_the_cap_are_configuration_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let new = |load, store| {
+        let layout = VllmFsLayout::new(dir.path().join("m_r0")).unwrap();
+        let region = PrimaryRegion::zeroed(1, BLOCK).unwrap();
+        VllmTransfers::new(layout, region, load, store)
+    };
+    let max = kvtier::tier::MAX_IO_THREADS;
+    for (load, store) in [(1 << 40, 0), (max, 1), (1 << 63, 1 << 63), (usize::MAX, 1)] {
+        match new(load, store) {
+            Err(TierError::Config(message)) => {
+                assert!(message.contains(&max.to_string()), "{message}")
+            }
+            other => panic!("{load} + {store} threads: {:?}", other.map(|_| ())),
+        }
+    }
+    assert!(
+        matches!(new(0, 0), Err(TierError::Config(message)) if message.contains("at least one"))
+    );
+    assert!(new(max / 2, max / 2).is_ok());
 }

@@ -23,7 +23,9 @@ True
 """
 
 from ._native import (
+    BusyError,
     ConfigError,
+    ForkError,
     InternalError,
     KvtierError,
     Lookup,
@@ -50,7 +52,9 @@ __all__ = [
     "HIT",
     "MISS",
     "RETRY",
+    "BusyError",
     "ConfigError",
+    "ForkError",
     "InternalError",
     "KvtierError",
     "Lookup",

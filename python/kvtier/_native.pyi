@@ -32,6 +32,12 @@ class StepError(KvtierError):
 class ReportError(KvtierError):
     """A worker report out of sequence or from no such worker; nothing was taken."""
 
+class BusyError(KvtierError):
+    """Another call on this object is in progress; the message names it."""
+
+class ForkError(KvtierError):
+    """The object was made before os.fork(): make a new one in this process."""
+
 class InternalError(KvtierError):
     """A bug in kvtier: a Rust panic caught at the boundary."""
 
@@ -94,6 +100,7 @@ class Lookup:
         backend: Union[_Backend, Any],
         *,
         name: str = "kvtier-lookup",
+        shutdown_grace: Optional[float] = 2.0,
     ) -> Lookup: ...
     def lookup(self, key: bytes, request: _RequestLike) -> Any: ...
     def lookup_many(

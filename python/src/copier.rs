@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::errors::{config, guard};
+use crate::slot::{Owned, borrow, lend};
 
 /// A 2-D tensor's rows as an [`Extent`]: it must be on the CPU, its rows
 /// contiguous and at least `row_bytes` long (torch's `data_ptr`, `size`,
@@ -60,7 +61,7 @@ fn refusal(error: CopyError) -> PyErr {
 /// holds the tensors until `shutdown()`.
 #[pyclass(module = "kvtier._native", name = "BlockCopier")]
 pub(crate) struct PyBlockCopier {
-    inner: BlockCopier,
+    inner: Owned<BlockCopier>,
     /// The tensors whose memory the copies touch: held until the copier
     /// has stopped (declared after `inner`, so dropped after it).
     memory: Vec<Py<PyAny>>,
@@ -85,7 +86,12 @@ impl PyBlockCopier {
             group_sizes: &group_sizes,
             block_indices: &block_indices,
         };
+        let call = match direction {
+            Direction::Load => "submit_load",
+            Direction::Store => "submit_store",
+        };
         self.inner
+            .get(call)?
             .submit(direction, job_id, &transfer)
             .map_err(refusal)
     }
@@ -140,7 +146,10 @@ impl PyBlockCopier {
             // waited for, which is the rest of the contract.
             let inner =
                 unsafe { BlockCopier::new(layout, threads, Box::new(())) }.map_err(refusal)?;
-            Ok(Self { inner, memory })
+            Ok(Self {
+                inner: Owned::new("BlockCopier", "the copier was dropped", inner),
+                memory,
+            })
         })
     }
 
@@ -193,7 +202,7 @@ impl PyBlockCopier {
     fn finished<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let list = PyList::empty(py);
-            for job in self.inner.finished() {
+            for job in self.inner.get("finished")?.finished() {
                 let row = (
                     job.id,
                     job.direction == Direction::Store,
@@ -210,40 +219,60 @@ impl PyBlockCopier {
     /// Waits, with the GIL released, until the jobs `job_ids` no longer
     /// touch their blocks (and for no other job); their reports come with
     /// the next `finished()`. Returns how many it waited for.
-    fn wait(&mut self, py: Python<'_>, job_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn wait(slf: &Bound<'_, Self>, job_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let py = slf.py();
         let ids: Vec<u64> = job_ids
             .try_iter()?
             .map(|id| id?.extract::<u64>())
             .collect::<PyResult<_>>()?;
-        let inner = &mut self.inner;
-        guard(|| Ok(py.detach(|| inner.wait(&ids))))
+        guard(|| {
+            lend(
+                slf,
+                "wait",
+                |this| &mut this.inner,
+                |inner| py.detach(|| inner.wait(&ids)),
+            )
+        })
     }
 
     /// Jobs submitted and not reported yet.
     #[getter]
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight()
+    fn in_flight(&self) -> PyResult<usize> {
+        Ok(self.inner.get_ref("in_flight")?.in_flight())
     }
 
     /// Runs every job submitted, stops the threads (with the GIL released)
     /// and lets go of the tensors. Returns how many jobs it waited for.
-    fn shutdown(&mut self, py: Python<'_>) -> PyResult<usize> {
-        let inner = &mut self.inner;
-        let waited = guard(|| Ok(py.detach(|| inner.shutdown())))?;
+    fn shutdown(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let py = slf.py();
+        let waited = guard(|| {
+            lend(
+                slf,
+                "shutdown",
+                |this| &mut this.inner,
+                |inner| py.detach(|| inner.shutdown()),
+            )
+        })?;
         // guard: P7-the-copier-lets-go-of-the-tensors
-        self.memory.clear();
+        borrow(slf, "shutdown")?.memory.clear();
         Ok(waited)
     }
 
     fn __repr__(&self) -> String {
-        format!("{:?}", self.inner)
+        match self.inner.ready() {
+            Some(inner) => format!("{inner:?}"),
+            None => "BlockCopier (busy, or made before a fork)".to_owned(),
+        }
     }
 }
 
 impl Drop for PyBlockCopier {
     /// Stops the threads with the GIL released before the tensors go.
     fn drop(&mut self) {
-        let inner = &mut self.inner;
+        let Some(mut inner) = self.inner.take_to_drop() else {
+            return;
+        };
+        let inner = &mut inner;
         if Python::try_attach(|py| py.detach(|| inner.shutdown())).is_none() {
             inner.shutdown();
         }

@@ -61,6 +61,18 @@ create_exception!(
 );
 create_exception!(
     kvtier,
+    BusyError,
+    KvtierError,
+    "Another call on this object is in progress (on another thread, or the call was made from inside it); the message names it."
+);
+create_exception!(
+    kvtier,
+    ForkError,
+    KvtierError,
+    "The object was made before os.fork() and its threads are in the parent: make a new one in this process."
+);
+create_exception!(
+    kvtier,
     InternalError,
     KvtierError,
     "A bug in kvtier: a Rust panic, caught at the boundary. Please report it."
@@ -76,6 +88,8 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("WireError", py.get_type::<WireError>())?;
     module.add("StepError", py.get_type::<StepError>())?;
     module.add("ReportError", py.get_type::<ReportError>())?;
+    module.add("BusyError", py.get_type::<BusyError>())?;
+    module.add("ForkError", py.get_type::<ForkError>())?;
     module.add("InternalError", py.get_type::<InternalError>())?;
     module.add_function(wrap_pyfunction!(_panic_for_test, module)?)?;
     Ok(())
@@ -134,6 +148,27 @@ pub(crate) fn wire_error(error: CoreWireError) -> PyErr {
 
 pub(crate) fn step_error(error: CoreStepError) -> PyErr {
     StepError::new_err(error.to_string())
+}
+
+/// The longest duration any option takes, in seconds: a year. Past it a
+/// value is a mistake, whatever the option.
+pub(crate) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// A duration option `name` given in seconds: a finite number from 0 to
+/// [`MAX_SECONDS`]; the error says which way it is out of range.
+pub(crate) fn seconds(name: &str, value: f64) -> PyResult<std::time::Duration> {
+    // guard: P13-durations-bounded-with-clear-errors
+    if value.is_nan() || value < 0.0 {
+        return Err(config(format!(
+            "{name} is {value}; it must be a number of seconds >= 0"
+        )));
+    }
+    if value > MAX_SECONDS {
+        return Err(config(format!(
+            "{name} is {value} seconds, too long: at most {MAX_SECONDS} (a year)"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(value))
 }
 
 pub(crate) fn config(message: impl Into<String>) -> PyErr {

@@ -25,6 +25,7 @@ mod errors;
 mod inspect;
 mod lookup;
 mod save;
+mod slot;
 mod transfers;
 
 /// The extension module. Its names are re-exported by the `kvtier` package.
@@ -32,6 +33,7 @@ mod transfers;
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
+    slot::register(module)?;
     copier::register(module)?;
     lookup::register(module)?;
     save::register(module)?;

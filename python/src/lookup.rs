@@ -16,7 +16,17 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyWeakrefReference};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::errors::{ShutdownError, config, guard, lookup_error, tier_error};
+use crate::errors::{ShutdownError, config, guard, lookup_error, seconds, tier_error};
+use crate::slot::{Owned, borrow, lend};
+
+/// How long a `wait_idle` waits between two looks at pending signals: a
+/// Ctrl-C during the wait is raised within about this.
+const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+
+/// A Python backend's default shutdown grace (seconds): how long shutdown,
+/// a drop or the exit hook waits for a call in progress before leaving the
+/// worker behind.
+const PYTHON_SHUTDOWN_GRACE: f64 = 2.0;
 
 /// A block key as vLLM names it: the block hash and the group index.
 pub(crate) type Key = Vec<u8>;
@@ -91,7 +101,7 @@ impl Backend<Key, String> for PythonBackend {
                 let mut found = Vec::with_capacity(limit);
                 // guard: P4-python-answers-bounded
                 for answer in answers.try_iter()?.take(limit) {
-                    found.push(answer?.is_truthy()?);
+                    found.push(strict_bool(&answer?)?);
                 }
                 Ok(found)
             };
@@ -121,6 +131,26 @@ impl Backend<Key, String> for PythonBackend {
     }
 }
 
+/// A backend's answer as the contract has it: a `bool` or numpy's `bool_`.
+/// Anything else (a string, bytes, a number, a dict's keys) makes the
+/// group's answer faulty, so its keys miss, instead of being judged by
+/// truthiness (`"False"` would be a hit).
+fn strict_bool(answer: &Bound<'_, PyAny>) -> PyResult<bool> {
+    // guard: P11-answers-are-bools
+    if let Ok(answer) = answer.cast::<pyo3::types::PyBool>() {
+        return Ok(answer.is_true());
+    }
+    let kind = answer.get_type();
+    if matches!(kind.name()?.to_str()?, "bool" | "bool_") && kind.module()?.to_str()? == "numpy" {
+        return answer.is_truthy();
+    }
+    Err(PyTypeError::new_err(format!(
+        "a backend answers each key with a bool, not {} ({:.40})",
+        kind.name()?,
+        answer.repr()?.to_string()
+    )))
+}
+
 /// The keyword arguments every native prober takes.
 const NATIVE_SETTINGS: &str = "concurrency, group_timeout, shutdown_grace, threads";
 
@@ -136,9 +166,10 @@ fn native_config(settings: Option<&Bound<'_, PyDict>>) -> PyResult<TokioConfig> 
             "concurrency" => config.max_concurrent_groups(value.extract()?),
             "group_timeout" => {
                 let timeout: Option<f64> = value.extract()?;
-                config.group_timeout(timeout.map(seconds).transpose()?)
+                let timeout = timeout.map(|t| seconds("group_timeout", t)).transpose()?;
+                config.group_timeout(timeout)
             }
-            "shutdown_grace" => config.shutdown_grace(seconds(value.extract()?)?),
+            "shutdown_grace" => config.shutdown_grace(seconds("shutdown_grace", value.extract()?)?),
             "threads" => config.worker_threads(value.extract()?),
             other => {
                 return Err(PyTypeError::new_err(format!(
@@ -149,16 +180,6 @@ fn native_config(settings: Option<&Bound<'_, PyDict>>) -> PyResult<TokioConfig> 
     }
     config.validate().map_err(lookup_error)?;
     Ok(config)
-}
-
-/// Seconds as a `Duration`; negative, NaN and unrepresentable values are
-/// refused.
-fn seconds(value: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value).map_err(|_| {
-        config(format!(
-            "{value} is not a duration in seconds (a finite number >= 0)"
-        ))
-    })
 }
 
 /// Which of a lookup's three answers a verdict is (see [`PyLookup::answers`]).
@@ -184,7 +205,7 @@ fn answer(verdict: &Verdict<Key>) -> usize {
 /// `with` block) stops the prober.
 #[pyclass(module = "kvtier._native", name = "Lookup", weakref)]
 pub(crate) struct PyLookup {
-    inner: Option<AnyLookup>,
+    inner: Owned<AnyLookup>,
     /// The table the prober left at `shutdown`, for the read-only views.
     stopped: Option<LookupTable<Key, String>>,
     /// What `lookup` returns for a hit, a miss and a key not known yet:
@@ -220,7 +241,7 @@ impl PyLookup {
                 py.None(),
             ];
             let lookup = Self {
-                inner: Some(inner),
+                inner: Owned::new("Lookup", "the lookup was shut down", inner),
                 stopped: None,
                 answers,
                 last_request: None,
@@ -247,13 +268,14 @@ impl PyLookup {
         })
     }
 
-    fn open(&mut self) -> PyResult<&mut AnyLookup> {
-        self.inner.as_mut().ok_or_else(closed)
+    fn open(&mut self, call: &str) -> PyResult<&mut AnyLookup> {
+        self.inner.get(call)
     }
 
-    /// The table, while running or as `shutdown` left it.
+    /// The table, while running or as `shutdown` left it (none while a
+    /// call that waits has the lookup).
     pub(crate) fn table(&self) -> Option<&LookupTable<Key, String>> {
-        match &self.inner {
+        match self.inner.ready() {
             Some(lookup) => Some(lookup.table()),
             None => self.stopped.as_ref(),
         }
@@ -261,12 +283,12 @@ impl PyLookup {
 
     /// Whether the lookup was shut down.
     pub(crate) fn table_is_final(&self) -> bool {
-        self.inner.is_none()
+        self.inner.is_closed()
     }
 
     /// Whether answers were published that no call has applied yet.
     pub(crate) fn has_published(&self) -> bool {
-        self.inner.as_ref().is_some_and(AnyLookup::has_published)
+        self.inner.ready().is_some_and(AnyLookup::has_published)
     }
 }
 
@@ -386,10 +408,23 @@ impl PyLookup {
     /// `name`), one request group at a time, taking the GIL for each call.
     /// An exception, a short or a long answer makes the group's unanswered
     /// keys misses (counted in `stats()`); nothing is left pending.
+    ///
+    /// `shutdown_grace` (seconds, default 2): how long `shutdown()`, a drop
+    /// or the exit hook waits for a call in progress; past it the worker is
+    /// left behind (it exits once its call returns) and `shutdown()` raises
+    /// `ShutdownError`, so a backend stuck for good never hangs the process.
+    /// `None`: wait as long as it takes.
     #[staticmethod]
-    #[pyo3(signature = (backend, *, name = "kvtier-lookup"))]
-    fn python(backend: &Bound<'_, PyAny>, name: &str) -> PyResult<Py<Self>> {
+    #[pyo3(signature = (backend, *, name = "kvtier-lookup", shutdown_grace = Some(PYTHON_SHUTDOWN_GRACE)))]
+    fn python(
+        backend: &Bound<'_, PyAny>,
+        name: &str,
+        shutdown_grace: Option<f64>,
+    ) -> PyResult<Py<Self>> {
         guard(|| {
+            let grace = shutdown_grace
+                .map(|grace| seconds("shutdown_grace", grace))
+                .transpose()?;
             let call = match backend.getattr("batch_lookup") {
                 Ok(method) => method,
                 Err(_) if backend.is_callable() => backend.clone(),
@@ -411,7 +446,8 @@ impl PyLookup {
             };
             Self::over(format!("python({name:?})"), Some(slot.unbind()), || {
                 Lookup::try_with_prober(|results| {
-                    ThreadProber::spawn(backend, results, name).map(|p| AnyProber(Box::new(p)))
+                    ThreadProber::spawn(backend, results, name)
+                        .map(|prober| AnyProber(Box::new(prober.with_shutdown_grace(grace))))
                 })
             })
         })
@@ -432,7 +468,8 @@ impl PyLookup {
                 answers,
                 ..
             } = self;
-            let (Some(lookup), Some((_, id))) = (inner.as_mut(), last_request.as_ref()) else {
+            let lookup = inner.get("lookup")?;
+            let Some((_, id)) = last_request.as_ref() else {
                 return Err(closed());
             };
             buffer.clear();
@@ -476,7 +513,8 @@ impl PyLookup {
                 verdicts,
                 ..
             } = self;
-            let (Some(lookup), Some((_, id))) = (inner.as_mut(), last_request.as_ref()) else {
+            let lookup = inner.get("lookup_many")?;
+            let Some((_, id)) = last_request.as_ref() else {
                 return Err(closed());
             };
             let mut count = 0;
@@ -504,25 +542,39 @@ impl PyLookup {
     /// `WorkerLostError` if the prober's worker is gone (those keys are
     /// misses).
     fn flush(&mut self) -> PyResult<usize> {
-        guard(|| self.open()?.flush().map_err(lookup_error))
+        guard(|| self.open("flush")?.flush().map_err(lookup_error))
     }
 
     /// Applies the answers published so far; returns how many groups. Every
     /// other call does this first, so a scheduler never needs it.
     fn drain(&mut self) -> PyResult<usize> {
-        guard(|| Ok(self.open()?.drain()))
+        guard(|| Ok(self.open("drain")?.drain()))
     }
 
     /// Blocks, with the GIL released, until the prober answered every group
     /// it was given, then applies the answers; returns how many groups. For
     /// tests and orderly pauses, not for the scheduler's step. Called from
     /// inside a Python backend's call it raises `KvtierError` (a thread
-    /// prober's worker would wait for itself).
-    fn wait_idle(&mut self, py: Python<'_>) -> PyResult<usize> {
+    /// prober's worker would wait for itself). A Ctrl-C while it waits is
+    /// raised (`KeyboardInterrupt`) within about 50 ms; another call on the
+    /// lookup meanwhile raises `BusyError`.
+    fn wait_idle(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let py = slf.py();
         guard(|| {
-            let lookup = self.open()?;
-            // guard: P2-wait-idle-lets-go-of-the-gil
-            py.detach(|| lookup.wait_idle()).map_err(lookup_error)
+            loop {
+                let waited = lend(
+                    slf,
+                    "wait_idle",
+                    |this| &mut this.inner,
+                    // guard: P2-wait-idle-lets-go-of-the-gil
+                    |lookup| py.detach(|| lookup.wait_idle_for(SIGNAL_SLICE)),
+                )?;
+                if let Some(groups) = waited.map_err(lookup_error)? {
+                    return Ok(groups);
+                }
+                // guard: P10-waits-answer-signals
+                py.check_signals()?;
+            }
         })
     }
 
@@ -533,7 +585,7 @@ impl PyLookup {
     fn mark_miss(&mut self, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
             let keys = bytes_keys(keys)?;
-            Ok(self.open()?.mark_miss_keys(&keys))
+            Ok(self.open("mark_miss")?.mark_miss_keys(&keys))
         })
     }
 
@@ -543,7 +595,7 @@ impl PyLookup {
     fn cleanup(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
         guard(|| {
             let id = request_id(request)?;
-            self.open()?.cleanup(&id);
+            self.open("cleanup")?.cleanup(&id);
             Ok(())
         })
     }
@@ -564,13 +616,14 @@ impl PyLookup {
         skip_unwanted: Option<bool>,
     ) -> PyResult<()> {
         guard(|| {
-            let lookup = self.open()?;
+            let lookup = self.open("set_limits")?;
             let mut limits: LookupLimits = lookup.table().limits().clone();
             if let Unset(Some(steps)) = pending_steps {
                 limits = limits.pending_steps(steps);
             }
             if let Unset(Some(time)) = pending_time {
-                limits = limits.pending_time(time.map(seconds).transpose()?);
+                let time = time.map(|time| seconds("pending_time", time)).transpose()?;
+                limits = limits.pending_time(time);
             }
             if let Some(keys) = max_outstanding_keys {
                 limits = limits.max_outstanding_keys(keys);
@@ -588,10 +641,7 @@ impl PyLookup {
     /// The counters so far, as a `dict` of ints (`lookups`, `hits`,
     /// `misses`, `pending`, `keys_submitted`, `backend_errors`, ...).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        guard(|| match &self.inner {
-            Some(lookup) => stats_dict(py, &lookup.stats()),
-            None => Err(closed()),
-        })
+        guard(|| stats_dict(py, &self.inner.get_ref("stats")?.stats()))
     }
 
     /// Keys the table holds.
@@ -608,29 +658,38 @@ impl PyLookup {
     /// Whether `shutdown()` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.inner.is_none()
+        self.inner.is_closed()
     }
 
     /// Stops the prober (with the GIL released, so a Python backend can
     /// finish its call), applies its last answers and returns the final
     /// counters. A second call returns `None`. Raises `ShutdownError` when
-    /// a native prober gave up on groups whose calls ignored cancellation.
-    fn shutdown<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    /// a native prober gave up on groups whose calls ignored cancellation,
+    /// or a Python backend's call outlasted `shutdown_grace`. Bounded: a
+    /// Ctrl-C meanwhile is raised once it returns.
+    fn shutdown<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let py = slf.py();
         guard(|| {
-            let Some(lookup) = self.inner.take() else {
-                return Ok(None);
+            let lookup = {
+                let mut this = borrow(slf, "shutdown")?;
+                if this.inner.is_closed() {
+                    return Ok(None);
+                }
+                this.inner.take("shutdown")?
             };
             // guard: P2-shutdown-lets-go-of-the-gil
             let stopped = py.detach(move || lookup.shutdown());
+            let mut this = borrow(slf, "shutdown")?;
+            this.inner.close();
             match stopped {
                 Ok(table) => {
                     let stats = stats_dict(py, &table.stats())?;
-                    self.stopped = Some(table);
+                    this.stopped = Some(table);
                     Ok(Some(stats))
                 }
                 Err(error) => {
                     let (error, table) = error.into_parts();
-                    self.stopped = Some(table);
+                    this.stopped = Some(table);
                     Err(ShutdownError::new_err(error.to_string()))
                 }
             }
@@ -656,7 +715,7 @@ impl PyLookup {
         self.last_request = None;
         self.backend = None;
         self.answers = Python::attach(|py| [py.None(), py.None(), py.None()]);
-        stop_quietly(self.inner.take());
+        stop_quietly(self.inner.take_to_drop());
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -664,20 +723,21 @@ impl PyLookup {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&mut self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.shutdown(py)?;
+    fn __exit__(slf: &Bound<'_, Self>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        Self::shutdown(slf)?;
         Ok(false)
     }
 
     fn __repr__(&self) -> String {
-        match &self.inner {
+        match self.inner.ready() {
             Some(lookup) => format!(
                 "Lookup.{} ({} keys, {} requests)",
                 self.describe,
                 lookup.table().len(),
                 lookup.table().request_count()
             ),
-            None => format!("Lookup.{} (shut down)", self.describe),
+            None if self.inner.is_closed() => format!("Lookup.{} (shut down)", self.describe),
+            None => format!("Lookup.{} (busy, or made before a fork)", self.describe),
         }
     }
 }
@@ -704,11 +764,17 @@ pub(crate) fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(text) = request.cast::<PyString>() {
         return Ok(text.to_cow()?.into_owned());
     }
-    let Ok(field) = request.getattr("req_id") else {
-        return Err(PyTypeError::new_err(format!(
-            "a request is a str id or has a req_id attribute, not {}",
-            request.get_type().name()?
-        )));
+    let field = match request.getattr("req_id") {
+        Ok(field) => field,
+        // guard: P12-foreign-exceptions-propagate
+        Err(error) if error.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) => {
+            return Err(PyTypeError::new_err(format!(
+                "a request is a str id or has a req_id attribute, not {}",
+                request.get_type().name()?
+            )));
+        }
+        // A property that raised (KeyboardInterrupt, say): its own error.
+        Err(error) => return Err(error),
     };
     let field = field
         .cast::<PyString>()
@@ -737,7 +803,7 @@ impl Drop for PyLookup {
     /// A lookup dropped without `shutdown()` stops its prober with the GIL
     /// released, so a Python backend's last call can finish.
     fn drop(&mut self) {
-        stop_quietly(self.inner.take());
+        stop_quietly(self.inner.take_to_drop());
     }
 }
 
@@ -773,13 +839,15 @@ fn shutdown_all(py: Python<'_>) -> PyResult<usize> {
         let Ok(lookup) = lookup.cast_into::<PyLookup>() else {
             continue;
         };
-        let Ok(mut lookup) = lookup.try_borrow_mut() else {
-            continue; // in use by a call on another thread
-        };
-        if lookup.inner.is_some() {
+        // Shut down, in use by a call on another thread, or made before a
+        // fork (its threads are not in this process): nothing to stop here.
+        let running = lookup
+            .try_borrow()
+            .is_ok_and(|this| this.inner.ready().is_some());
+        if running {
             // An error here has nobody to report to at exit; the prober is
-            // stopped all the same.
-            let _ = lookup.shutdown(py);
+            // stopped all the same (a Python backend's within its grace).
+            let _ = PyLookup::shutdown(&lookup);
             stopped += 1;
         }
     }

@@ -4,51 +4,97 @@
 //! it, and the wire form of steps and reports as `bytes`.
 
 use kvtier::save::{
-    CompletionMode, ReportAggregator, ReportError, SaveStats, SchedulerSaveStats, TaskError,
-    WorkerReport,
+    CompletionMode, Interrupted, ReportAggregator, ReportError, SaveStats, SchedulerSaveStats,
+    StepError as CoreStepError, TaskError, WorkerReport,
 };
 use kvtier::{SaveScheduler, SaveStep, SaveTracker, StoreTask};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use crate::errors::{ReportError as PyReportError, config, guard, step_error, wire_error};
+use crate::errors::{
+    KvtierError, ReportError as PyReportError, config, guard, step_error, wire_error,
+};
 use crate::lookup::request_id;
+use crate::slot::{Owned, lend};
 
 /// A save a Python store runs: any object with a non-blocking `done()`
 /// and a blocking `wait()` that returns once the save no longer reads the
 /// blocks (raising if it failed).
+///
+/// An `Exception` from either is the task's own failure. Anything else
+/// raised there (`KeyboardInterrupt`, `SystemExit`: a `BaseException`
+/// that is no `Exception`) is not: it interrupts the call, which leaves the
+/// task running and raises it (see [`Interrupted`]).
 struct PythonTask(Py<PyAny>);
+
+/// Whether `error` is not the task's own failure: a `BaseException` that
+/// is not an `Exception`.
+fn is_foreign(py: Python<'_>, error: &PyErr) -> bool {
+    // guard: P12-foreign-exceptions-propagate
+    !error.is_instance_of::<PyException>(py)
+}
 
 impl StoreTask for PythonTask {
     fn check(&self) -> bool {
-        // A `done()` that raises, or an interpreter shutting down, counts as
-        // over: the tracker then calls `wait`, which reports how it ended,
-        // instead of polling a task that can never answer.
-        Python::try_attach(|py| {
-            self.0
-                .bind(py)
-                .call_method0("done")
-                .and_then(|done| done.is_truthy())
-                .unwrap_or(true)
-        })
-        .unwrap_or(true)
+        self.try_check().unwrap_or(true)
     }
 
     fn wait(self) -> Result<(), TaskError> {
-        Python::try_attach(|py| {
-            self.0
-                .bind(py)
-                .call_method0("wait")
-                .map(drop)
-                .map_err(|error| TaskError::failed(format!("the store task raised {error}")))
-        })
-        .unwrap_or_else(|| {
-            Err(TaskError::failed(
-                "the Python interpreter is shutting down; the task was not waited",
-            ))
-        })
+        match self.try_wait() {
+            Ok(ended) => ended,
+            Err((_, cause)) => Err(TaskError::failed(cause.to_string())),
+        }
     }
+
+    fn try_check(&self) -> Result<bool, Interrupted> {
+        // A `done()` that raises, or an interpreter shutting down, counts as
+        // over: the tracker then calls `wait`, which reports how it ended,
+        // instead of polling a task that can never answer.
+        Python::try_attach(|py| match self.0.bind(py).call_method0("done") {
+            Ok(done) => Ok(done.is_truthy().unwrap_or(true)),
+            Err(error) if is_foreign(py, &error) => Err(Interrupted(Box::new(error))),
+            Err(_) => Ok(true),
+        })
+        .unwrap_or(Ok(true))
+    }
+
+    fn try_wait(self) -> Result<Result<(), TaskError>, (Self, Interrupted)> {
+        let waited = Python::try_attach(|py| match self.0.bind(py).call_method0("wait") {
+            Ok(_) => Ok(Ok(())),
+            Err(error) if is_foreign(py, &error) => Err(Interrupted(Box::new(error))),
+            Err(error) => Ok(Err(TaskError::failed(format!(
+                "the store task raised {error}"
+            )))),
+        });
+        match waited {
+            Some(Ok(ended)) => Ok(ended),
+            Some(Err(cause)) => Err((self, cause)),
+            None => Ok(Err(TaskError::failed(
+                "the Python interpreter is shutting down; the task was not waited",
+            ))),
+        }
+    }
+}
+
+/// Raises what interrupted the tracker's last call, if anything did: the
+/// Python exception itself (`KeyboardInterrupt`, ...).
+fn raise_interruption(tracker: &mut Tracker) -> PyResult<()> {
+    match tracker.take_interruption() {
+        None => Ok(()),
+        Some(Interrupted(cause)) => Err(match cause.downcast::<PyErr>() {
+            Ok(error) => *error,
+            Err(cause) => crate::errors::KvtierError::new_err(cause.to_string()),
+        }),
+    }
+}
+
+type Tracker = SaveTracker<String, PythonTask>;
+
+/// A list of `str` made straight from the ids, without a copy of them on
+/// the Rust side first.
+fn str_list<'py>(py: Python<'py>, ids: &[String]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, ids.iter().map(|id| PyString::new(py, id)))
 }
 
 fn ids(requests: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
@@ -170,20 +216,20 @@ impl PySaveStep {
 
     /// The requests with blocks to save in this step.
     #[getter]
-    fn requests(&self) -> Vec<String> {
-        self.inner.requests().to_vec()
+    fn requests<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        str_list(py, self.inner.requests())
     }
 
     /// The requests preempted since the previous step.
     #[getter]
-    fn preempted(&self) -> Vec<String> {
-        self.inner.preempted().to_vec()
+    fn preempted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        str_list(py, self.inner.preempted())
     }
 
     /// The delayed requests that finished since the previous step.
     #[getter]
-    fn finished(&self) -> Vec<String> {
-        self.inner.finished().to_vec()
+    fn finished<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        str_list(py, self.inner.finished())
     }
 
     /// Whether nothing saves and nobody was preempted or finished.
@@ -231,7 +277,29 @@ impl PySaveStep {
 /// `handle_preemptions`, `wait_all`) release the GIL while they wait.
 #[pyclass(module = "kvtier._native", name = "SaveTracker")]
 struct PySaveTracker {
-    inner: SaveTracker<String, PythonTask>,
+    inner: Owned<Tracker>,
+}
+
+impl PySaveTracker {
+    /// Runs `body` on the tracker lent for `call` (store tasks' Python runs
+    /// inside, and the GIL is let go while they wait), then raises what
+    /// interrupted it, if anything did.
+    fn run<R: Send>(
+        slf: &Bound<'_, Self>,
+        call: &'static str,
+        body: impl FnOnce(&mut Tracker) -> R + Send,
+    ) -> PyResult<R> {
+        let py = slf.py();
+        lend(
+            slf,
+            call,
+            |this| &mut this.inner,
+            |tracker| {
+                let result = py.detach(|| body(tracker));
+                raise_interruption(tracker).map(|()| result)
+            },
+        )?
+    }
 }
 
 #[pymethods]
@@ -248,25 +316,39 @@ impl PySaveTracker {
             CompletionMode::NonBlocking
         };
         Self {
-            inner: SaveTracker::with_mode(mode),
+            inner: Owned::new(
+                "SaveTracker",
+                "the tracker is gone",
+                SaveTracker::with_mode(mode),
+            )
+            .without_threads(),
         }
     }
 
     /// Takes the scheduler's step before the forward pass: waits for the
     /// saves of its preempted requests, then records its saving requests.
-    /// Raises `StepError` for a step out of sequence (nothing taken).
-    fn begin_step(&mut self, py: Python<'_>, step: &PySaveStep) -> PyResult<()> {
+    /// Raises `StepError` for a step out of sequence (nothing taken). An
+    /// exception from a task's `wait()` that is not an `Exception`
+    /// (`KeyboardInterrupt`) is raised as it is: the fence did not pass, the
+    /// step was not taken, and offering it again retries.
+    fn begin_step(slf: &Bound<'_, Self>, step: &PySaveStep) -> PyResult<()> {
         guard(|| {
-            let tracker = &mut self.inner;
             let step = &step.inner;
-            py.detach(|| tracker.begin_step(step)).map_err(step_error)
+            match Self::run(slf, "begin_step", |tracker| tracker.begin_step(step))? {
+                Ok(()) => Ok(()),
+                // guard: P12-interrupted-fence-raises
+                Err(CoreStepError::Interrupted) => Err(KvtierError::new_err(
+                    "the preemption fence was interrupted; the step was not taken",
+                )),
+                Err(error) => Err(step_error(error)),
+            }
         })
     }
 
     /// The sequence number of the step due next.
     #[getter]
-    fn next_step(&self) -> u64 {
-        self.inner.next_step()
+    fn next_step(&self) -> PyResult<u64> {
+        Ok(self.inner.get_ref("next_step")?.next_step())
     }
 
     /// Takes a store task that reads the blocks of `requests`; never waits.
@@ -284,6 +366,7 @@ impl PySaveTracker {
             let requests = ids(requests)?;
             let id = self
                 .inner
+                .get("submit")?
                 .submit(PythonTask(task.clone().unbind()), &requests);
             Ok(id.get())
         })
@@ -293,27 +376,27 @@ impl PySaveTracker {
     /// still reported when they finish.
     fn submit_failed(&mut self, requests: &Bound<'_, PyAny>, error: &str) -> PyResult<()> {
         guard(|| {
-            self.inner.submit_failed(&ids(requests)?, error);
+            let requests = ids(requests)?;
+            self.inner
+                .get("submit_failed")?
+                .submit_failed(&requests, error);
             Ok(())
         })
     }
 
     /// Reaps the tasks that are done, without waiting; returns how many.
-    fn poll(&mut self) -> PyResult<usize> {
-        guard(|| Ok(self.inner.poll()))
+    fn poll(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        guard(|| Self::run(slf, "poll", |tracker| tracker.poll()))
     }
 
     /// vLLM's `get_finished(finished_req_ids)`: the requests whose saves are
     /// all done, each reported once, among those finished now or before.
-    fn get_finished(
-        &mut self,
-        py: Python<'_>,
-        finished: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<String>> {
+    fn get_finished(slf: &Bound<'_, Self>, finished: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
         guard(|| {
             let finished = ids(finished)?;
-            let tracker = &mut self.inner;
-            Ok(py.detach(|| tracker.get_finished(&finished)))
+            Self::run(slf, "get_finished", |tracker| {
+                tracker.get_finished(&finished)
+            })
         })
     }
 
@@ -321,62 +404,60 @@ impl PySaveTracker {
     /// requests, with this worker's counters, as a `WorkerReport` to send
     /// to the scheduler.
     fn finish_step(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         rank: u32,
         step: &PySaveStep,
     ) -> PyResult<PyWorkerReport> {
         guard(|| {
-            let tracker = &mut self.inner;
             let step = &step.inner;
-            let report = py.detach(|| tracker.finish_step(rank, step));
+            let report = Self::run(slf, "finish_step", |tracker| {
+                tracker.finish_step(rank, step)
+            })?;
             Ok(PyWorkerReport { inner: report })
         })
     }
 
     /// The preemption fence alone: waits only for the tasks reading the
-    /// blocks of `requests`; returns how many it waited.
-    fn handle_preemptions(
-        &mut self,
-        py: Python<'_>,
-        requests: &Bound<'_, PyAny>,
-    ) -> PyResult<usize> {
+    /// blocks of `requests`; returns how many it waited. An interruption
+    /// (see `begin_step`) is raised, and the fence did not pass.
+    fn handle_preemptions(slf: &Bound<'_, Self>, requests: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
             let requests = ids(requests)?;
-            let tracker = &mut self.inner;
-            Ok(py.detach(|| tracker.handle_preemptions(&requests)))
+            Self::run(slf, "handle_preemptions", |tracker| {
+                tracker.handle_preemptions(&requests)
+            })
         })
     }
 
     /// Waits for every task (at shutdown); returns the finished requests it
     /// could now report.
-    fn wait_all(&mut self, py: Python<'_>) -> PyResult<Vec<String>> {
-        guard(|| {
-            let tracker = &mut self.inner;
-            Ok(py.detach(|| tracker.wait_all()))
-        })
+    fn wait_all(slf: &Bound<'_, Self>) -> PyResult<Vec<String>> {
+        guard(|| Self::run(slf, "wait_all", |tracker| tracker.wait_all()))
     }
 
     /// Whether `request` is tracked (recorded, not yet reported).
     fn is_tracked(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
-        guard(|| Ok(self.inner.is_tracked(&request_id(request)?)))
+        guard(|| {
+            let id = request_id(request)?;
+            Ok(self.inner.get_ref("is_tracked")?.is_tracked(&id))
+        })
     }
 
     /// Tasks submitted and not yet reaped or waited.
     #[getter]
-    fn running_tasks(&self) -> usize {
-        self.inner.running_tasks()
+    fn running_tasks(&self) -> PyResult<usize> {
+        Ok(self.inner.get_ref("running_tasks")?.running_tasks())
     }
 
     /// Requests tracked.
     #[getter]
-    fn tracked_requests(&self) -> usize {
-        self.inner.tracked_requests()
+    fn tracked_requests(&self) -> PyResult<usize> {
+        Ok(self.inner.get_ref("tracked_requests")?.tracked_requests())
     }
 
     /// The counters, as a `dict` of ints.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        save_stats(py, &self.inner.stats())
+        save_stats(py, &self.inner.get_ref("stats")?.stats())
     }
 }
 
@@ -405,8 +486,8 @@ impl PyWorkerReport {
 
     /// The requests whose saves on this worker are all done.
     #[getter]
-    fn finished(&self) -> Vec<String> {
-        self.inner.finished.clone()
+    fn finished<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        str_list(py, &self.inner.finished)
     }
 
     /// The worker's counters after the step.
@@ -450,7 +531,7 @@ struct PyReportAggregator {
 
 fn report_error(error: ReportError<String>) -> PyErr {
     match error {
-        ReportError::NoWorkers => config(error.to_string()),
+        ReportError::NoWorkers | ReportError::TooManyWorkers { .. } => config(error.to_string()),
         _ => PyReportError::new_err(error.to_string()),
     }
 }

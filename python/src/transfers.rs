@@ -10,7 +10,8 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::errors::{config, guard, tier_error};
+use crate::errors::{config, guard, seconds, tier_error};
+use crate::slot::{Owned, lend};
 
 /// The primary tier's memory as a [`PrimaryRegion`]: a writable,
 /// C-contiguous buffer whose first dimension counts the blocks (vLLM's
@@ -78,7 +79,7 @@ fn key_list<'py>(py: Python<'py>, keys: &[Vec<u8>]) -> PyResult<Bound<'py, PyLis
 /// no longer touches the memory.
 #[pyclass(module = "kvtier._native", name = "VllmTransfers")]
 pub(crate) struct PyVllmTransfers {
-    inner: VllmTransfers,
+    inner: Owned<VllmTransfers>,
 }
 
 impl PyVllmTransfers {
@@ -92,8 +93,13 @@ impl PyVllmTransfers {
         let id = job_id(id)?;
         let keys = keys_of(keys)?;
         let blocks = blocks_of(chunk_ids)?;
+        let call = match kind {
+            TransferKind::Load => "submit_load",
+            TransferKind::Store => "submit_store",
+        };
         // The one refusal: a job id still in flight (an engine bug).
         self.inner
+            .get(call)?
             .submit(kind, id, keys, &blocks)
             .map_err(|error| config(error.to_string()))
     }
@@ -114,7 +120,9 @@ impl PyVllmTransfers {
             let region = region_of(primary)?;
             let inner = VllmTransfers::new(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
-            Ok(Self { inner })
+            Ok(Self {
+                inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
+            })
         })
     }
 
@@ -157,6 +165,7 @@ impl PyVllmTransfers {
             };
             let id = self::job_id(job_id)?;
             self.inner
+                .get("refuse")?
                 .refuse(kind, id, keys_of(keys)?, reason)
                 .map_err(|error| config(error.to_string()))
         })
@@ -167,7 +176,7 @@ impl PyVllmTransfers {
     /// prefix) were transferred; `seconds` of I/O. Never blocks.
     fn finished<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
-            let finished = self.inner.finished();
+            let finished = self.inner.get("finished")?.finished();
             let list = PyList::empty(py);
             for job in &finished {
                 let row = (
@@ -187,10 +196,17 @@ impl PyVllmTransfers {
     /// Waits, with the GIL released, until no job's I/O touches the primary
     /// memory; their results come with the next `finished()`. Returns how
     /// many jobs it waited for.
-    fn drain(&mut self, py: Python<'_>) -> PyResult<usize> {
-        let inner = &mut self.inner;
-        // guard: P2-transfers-wait-without-the-gil
-        guard(|| Ok(py.detach(|| inner.wait_idle())))
+    fn drain(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let py = slf.py();
+        guard(|| {
+            lend(
+                slf,
+                "drain",
+                |this| &mut this.inner,
+                // guard: P2-transfers-wait-without-the-gil
+                |inner| py.detach(|| inner.wait_idle()),
+            )
+        })
     }
 
     /// Stops the transfers, with the GIL released: queued loads are
@@ -200,15 +216,16 @@ impl PyVllmTransfers {
     /// failed by the next `finished()`. Returns `(loads_dropped,
     /// stores_dropped)`.
     #[pyo3(signature = (grace = 0.0))]
-    fn shutdown(&mut self, py: Python<'_>, grace: f64) -> PyResult<(usize, usize)> {
-        let grace = Duration::try_from_secs_f64(grace).map_err(|_| {
-            config(format!(
-                "a shutdown grace is a number of seconds >= 0, not {grace}"
-            ))
-        })?;
-        let inner = &mut self.inner;
+    fn shutdown(slf: &Bound<'_, Self>, grace: f64) -> PyResult<(usize, usize)> {
+        let py = slf.py();
+        let grace = seconds("grace", grace)?;
         guard(|| {
-            let report = py.detach(|| inner.shutdown(grace));
+            let report = lend(
+                slf,
+                "shutdown",
+                |this| &mut this.inner,
+                |inner| py.detach(|| inner.shutdown(grace)),
+            )?;
             Ok((report.loads_dropped, report.stores_dropped))
         })
     }
@@ -218,40 +235,39 @@ impl PyVllmTransfers {
     /// `older_than` seconds ago; it runs on an I/O thread (`swept` counts
     /// what it removed).
     fn sweep_stale_temps(&self, older_than: f64) -> PyResult<()> {
-        let age = Duration::try_from_secs_f64(older_than).map_err(|_| {
-            config(format!(
-                "a temporary file's age is a number of seconds >= 0, not {older_than}"
-            ))
-        })?;
-        self.inner.sweep_stale_temps(age);
+        let age = seconds("older_than", older_than)?;
+        self.inner
+            .get_ref("sweep_stale_temps")?
+            .sweep_stale_temps(age);
         Ok(())
     }
 
     /// Temporary files the sweeps removed so far.
     #[getter]
-    fn swept(&self) -> usize {
-        self.inner.swept()
+    fn swept(&self) -> PyResult<usize> {
+        Ok(self.inner.get_ref("swept")?.swept())
     }
 
     /// Jobs queued that no I/O thread has started: `(loads, stores)`.
-    fn queued(&self) -> (usize, usize) {
-        (
-            self.inner.queued(TransferKind::Load),
-            self.inner.queued(TransferKind::Store),
-        )
+    fn queued(&self) -> PyResult<(usize, usize)> {
+        let inner = self.inner.get_ref("queued")?;
+        Ok((
+            inner.queued(TransferKind::Load),
+            inner.queued(TransferKind::Store),
+        ))
     }
 
     /// I/O threads running (0 after `shutdown`).
     #[getter]
-    fn threads_alive(&self) -> usize {
-        self.inner.threads_alive()
+    fn threads_alive(&self) -> PyResult<usize> {
+        Ok(self.inner.get_ref("threads_alive")?.threads_alive())
     }
 
     /// Jobs submitted and not reported yet, as `(job_id, is_load, keys)`.
     fn in_flight<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let list = PyList::empty(py);
-            for job in self.inner.in_flight() {
+            for job in self.inner.get_ref("in_flight")?.in_flight() {
                 let row = (
                     job.id,
                     job.kind == TransferKind::Load,
@@ -265,17 +281,23 @@ impl PyVllmTransfers {
 
     /// Blocks in the primary memory, and bytes per block.
     #[getter]
-    fn shape(&self) -> (usize, usize) {
-        self.inner.shape()
+    fn shape(&self) -> PyResult<(usize, usize)> {
+        Ok(self.inner.get_ref("shape")?.shape())
     }
 
     /// The path of `key`'s block file (whether or not it exists).
     fn path_of(&self, key: &[u8]) -> PyResult<PathBuf> {
-        guard(|| self.inner.layout().path_of(key).map_err(tier_error))
+        guard(|| {
+            let inner = self.inner.get_ref("path_of")?;
+            inner.layout().path_of(key).map_err(tier_error)
+        })
     }
 
     fn __repr__(&self) -> String {
-        format!("{:?}", self.inner)
+        match self.inner.ready() {
+            Some(inner) => format!("{inner:?}"),
+            None => "VllmTransfers (busy, or made before a fork)".to_owned(),
+        }
     }
 }
 
@@ -283,7 +305,10 @@ impl Drop for PyVllmTransfers {
     /// Stops the I/O threads with the GIL released (they never take it, but
     /// a job waited for should not hold up the interpreter).
     fn drop(&mut self) {
-        let inner = &mut self.inner;
+        let Some(mut inner) = self.inner.take_to_drop() else {
+            return;
+        };
+        let inner = &mut inner;
         if Python::try_attach(|py| py.detach(|| inner.shutdown(Duration::ZERO))).is_none() {
             inner.shutdown(Duration::ZERO);
         }

@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::time::Duration;
 
 use super::limits::LookupLimits;
 use super::stats::LookupStats;
@@ -148,6 +149,15 @@ pub trait Prober<K, R> {
 
     /// Blocks until every group taken so far has been published.
     fn wait_idle(&mut self) -> Result<(), LookupError>;
+
+    /// [`wait_idle`](Self::wait_idle) for at most about `limit`: `Ok(true)`
+    /// once idle, `Ok(false)` if groups are still unpublished. A caller
+    /// that must stay responsive (to a signal, say) waits in slices. The
+    /// default waits without a limit.
+    fn wait_idle_for(&mut self, limit: Duration) -> Result<bool, LookupError> {
+        let _ = limit;
+        self.wait_idle().map(|()| true)
+    }
 
     /// Stops probing: every group taken is published (answered, or
     /// cancelled) unless the error says otherwise. Called exactly once.
@@ -352,6 +362,18 @@ where
     pub fn wait_idle(&mut self) -> Result<usize, LookupError> {
         self.prober.wait_idle()?;
         Ok(self.drain())
+    }
+
+    /// [`wait_idle`](Self::wait_idle) for at most about `limit` (with a
+    /// prober that supports it, see [`Prober::wait_idle_for`]): the groups
+    /// applied once idle, or `None` if the prober is still busy (what was
+    /// published is applied by the next call).
+    pub fn wait_idle_for(&mut self, limit: Duration) -> Result<Option<usize>, LookupError> {
+        if self.prober.wait_idle_for(limit)? {
+            Ok(Some(self.drain()))
+        } else {
+            Ok(None)
+        }
     }
 
     /// Turns the hit recorded by `ticket` into a miss after loading its

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use super::backend::{Backend, probe_and_publish};
 use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
@@ -49,9 +50,12 @@ struct Shared<K, R> {
 /// request group at a time in submission order, publishing each group as
 /// soon as it is done. Built by [`Lookup::threaded`].
 ///
-/// Shutdown lets the worker finish every queued submission and joins it:
-/// a backend call that never returns makes it wait forever (timeouts are
-/// the tokio prober's). A backend may own its lookup (a Python backend
+/// Shutdown lets the worker finish every queued submission and joins it.
+/// Without a [shutdown grace](Self::with_shutdown_grace), a backend call
+/// that never returns makes it wait forever (timeouts are the tokio
+/// prober's); with one, shutdown (and a drop) waits at most that long, then
+/// leaves the worker behind, detached, and reports [`LookupError::Stuck`]:
+/// a stuck backend never holds up its owner's exit. A backend may own its lookup (a Python backend
 /// reaches the manager that holds it): dropped or shut down inside one of
 /// its calls, the prober asks the worker to stop after the queue and
 /// returns at once, and `wait_idle` there returns [`LookupError::OnWorker`]
@@ -59,6 +63,8 @@ struct Shared<K, R> {
 pub struct ThreadProber<K, R> {
     shared: Arc<Shared<K, R>>,
     worker: Option<thread::JoinHandle<()>>,
+    /// How long shutdown waits for the worker; `None`: as long as it takes.
+    grace: Option<Duration>,
 }
 
 /// A [`Lookup`] whose groups a worker thread probes.
@@ -86,6 +92,12 @@ where
             work_ready: Condvar::new(),
             progress: Condvar::new(),
         });
+        // guard: H3-nul-in-a-thread-name-refused
+        if name.contains('\0') {
+            return Err(LookupError::Config(format!(
+                "a worker thread's name cannot hold a NUL byte: {name:?}"
+            )));
+        }
         let worker_shared = shared.clone();
         let worker = thread::Builder::new()
             .name(name.to_owned())
@@ -94,11 +106,33 @@ where
         Ok(Self {
             shared,
             worker: Some(worker),
+            grace: None,
         })
     }
 }
 
 impl<K, R> ThreadProber<K, R> {
+    /// Bounds how long shutdown (or a drop) waits for the worker to finish
+    /// its call and the queue: past `grace` the worker is left behind,
+    /// detached, and shutdown reports [`LookupError::Stuck`] with the
+    /// submissions it never published. `None` (the default) waits as long
+    /// as it takes.
+    #[must_use]
+    pub fn with_shutdown_grace(mut self, grace: Option<Duration>) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Refuses a wait made from inside a backend call: the worker would
+    /// wait for itself.
+    fn refuse_on_worker(&self) -> Result<(), LookupError> {
+        // guard: L16-no-wait-on-the-worker
+        if self.on_worker() {
+            return Err(LookupError::OnWorker("wait_idle"));
+        }
+        Ok(())
+    }
+
     /// Whether this is the worker thread, inside a backend call.
     fn on_worker(&self) -> bool {
         self.worker
@@ -152,10 +186,7 @@ impl<K, R> Prober<K, R> for ThreadProber<K, R> {
     }
 
     fn wait_idle(&mut self) -> Result<(), LookupError> {
-        // guard: L16-no-wait-on-the-worker
-        if self.on_worker() {
-            return Err(LookupError::OnWorker("wait_idle"));
-        }
+        self.refuse_on_worker()?;
         let mut queue = self.shared.queue.lock();
         while queue.completed < queue.submitted {
             if let Some(reason) = &queue.exited {
@@ -164,6 +195,23 @@ impl<K, R> Prober<K, R> for ThreadProber<K, R> {
             queue = self.shared.progress.wait(queue);
         }
         Ok(())
+    }
+
+    fn wait_idle_for(&mut self, limit: Duration) -> Result<bool, LookupError> {
+        self.refuse_on_worker()?;
+        let deadline = Instant::now() + limit;
+        let mut queue = self.shared.queue.lock();
+        while queue.completed < queue.submitted {
+            if let Some(reason) = &queue.exited {
+                return Err(LookupError::WorkerLost(reason.clone()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            queue = self.shared.progress.wait_timeout(queue, left);
+        }
+        Ok(true)
     }
 
     fn shutdown(&mut self) -> Result<(), LookupError> {
@@ -180,9 +228,41 @@ impl<K, R> Prober<K, R> for ThreadProber<K, R> {
         if on_worker {
             return Ok(());
         }
+        if let Some(grace) = self.grace {
+            let unpublished = self.wait_exit(grace);
+            // guard: H5-stuck-worker-left-behind
+            if unpublished > 0 {
+                // Dropping the handle detaches the worker: it finishes its
+                // call whenever it returns, and exits then.
+                drop(worker);
+                return Err(LookupError::Stuck {
+                    groups: unpublished,
+                });
+            }
+        }
         worker
             .join()
             .map_err(|payload| LookupError::WorkerLost(take_panic(payload)))
+    }
+}
+
+impl<K, R> ThreadProber<K, R> {
+    /// Waits at most `grace` for a closing worker to exit; returns 0 once it
+    /// exited, else how many submissions it has not published. Queued ones
+    /// are dropped (their keys stay in flight), so a worker that comes back
+    /// from its call exits at once.
+    fn wait_exit(&self, grace: Duration) -> u64 {
+        let deadline = Instant::now() + grace;
+        let mut queue = self.shared.queue.lock();
+        while queue.exited.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                queue.submissions.clear();
+                return (queue.submitted - queue.completed).max(1);
+            }
+            queue = self.shared.progress.wait_timeout(queue, left);
+        }
+        0
     }
 }
 

@@ -129,7 +129,7 @@ pub struct BlockCopier {
 }
 
 impl BlockCopier {
-    /// A copier over `layout`'s memory, on `threads` threads (at least one;
+    /// A copier over `layout`'s memory, on `threads` threads (1 to [`MAX_IO_THREADS`](crate::tier::MAX_IO_THREADS), clamped;
     /// about half of them serve loads first, the rest stores first).
     ///
     /// # Safety
@@ -145,7 +145,8 @@ impl BlockCopier {
         threads: usize,
         keep_alive: Box<dyn Any + Send + Sync>,
     ) -> Result<Self, CopyError> {
-        let threads = threads.max(1);
+        // guard: H2-copier-threads-capped
+        let threads = threads.clamp(1, crate::tier::MAX_IO_THREADS);
         let pool = IoPool::with_lanes([threads - threads / 2, threads / 2], "kvtier-kv-copy")
             .map_err(CopyError::Threads)?;
         Ok(Self {

@@ -42,6 +42,20 @@ pub(crate) enum Check {
     /// The check panicked, with this message: nothing says whether the I/O
     /// is over.
     Panicked(String),
+    /// The check was interrupted (a signal in the caller's thread): nothing
+    /// says whether the I/O is over, and the caller stops checking.
+    Interrupted,
+}
+
+/// What [`SaveLedger::try_close_task`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Closing {
+    /// The task was not running.
+    NotRunning,
+    /// The task was closed.
+    Closed,
+    /// The wait was interrupted: the task is running, as before.
+    Kept,
 }
 
 /// A running task: the value that holds its handle, and the requests whose
@@ -310,6 +324,8 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             match check(&open.task) {
                 Check::Running => {}
                 Check::Complete => done.push((id, at)),
+                // guard: S13-interrupted-check-stops
+                Check::Interrupted => return,
                 // guard: S9-poll-never-waits
                 Check::Panicked(message) => {
                     if !open.check_panicked {
@@ -326,6 +342,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
     /// releasing its handle, and says how and when it ended), then removes
     /// the task from every request it read. Returns false for a task that is
     /// not running. `hint`: where `check_running` saw it, if it did.
+    #[cfg(test)]
     pub(crate) fn close_task(
         &mut self,
         task: TaskId,
@@ -333,16 +350,44 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         how: Closed,
         wait: impl FnOnce(T) -> (Ended, Instant),
     ) -> bool {
+        self.try_close_task(task, hint, how, |value| Ok(wait(value))) == Closing::Closed
+    }
+
+    /// [`close_task`](Self::close_task) with a wait that may be interrupted
+    /// before the task's I/O is over: it then hands the task value back,
+    /// and the task stays running, linked to its requests as before.
+    pub(crate) fn try_close_task(
+        &mut self,
+        task: TaskId,
+        hint: Option<usize>,
+        how: Closed,
+        wait: impl FnOnce(T) -> Result<(Ended, Instant), T>,
+    ) -> Closing {
         let Some(Open {
             task: value,
             members,
             opened,
-            ..
+            check_panicked,
         }) = self.tasks.remove(task, hint)
         else {
-            return false;
+            return Closing::NotRunning;
         };
-        let (ended, at) = wait(value);
+        let (ended, at) = match wait(value) {
+            Ok(ended) => ended,
+            Err(value) => {
+                // guard: S13-interrupted-wait-keeps-the-task
+                self.tasks.restore(
+                    task,
+                    Open {
+                        task: value,
+                        members,
+                        opened,
+                        check_panicked,
+                    },
+                );
+                return Closing::Kept;
+            }
+        };
         self.latency.record(at.saturating_duration_since(opened));
         let failed = !matches!(ended, Ended::Returned(Ok(())));
         // guard: S2-failed-wait-closes-task
@@ -358,7 +403,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             Ended::Returned(Err(TaskError::Abandoned)) => self.stats.tasks_abandoned += 1,
             Ended::Panicked => self.stats.task_panics += 1,
         }
-        true
+        Closing::Closed
     }
 
     /// Removes `task` from the running tasks of each of its `members`

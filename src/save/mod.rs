@@ -24,5 +24,5 @@ pub use compose::{MultiConnector, SchedulerConnector, WorkerConnector};
 pub use report::{Report, ReportAggregator, ReportError, WorkerReport};
 pub use scheduler::{SaveScheduler, SaveStep, SchedulerSaveStats};
 pub use stats::{SaveLatency, SaveStats};
-pub use task::{SaveOutcome, StoreTask, TaskError, TaskId};
+pub use task::{Interrupted, SaveOutcome, StoreTask, TaskError, TaskId};
 pub use tracker::{CompletionMode, SaveTracker, StepError};

@@ -88,6 +88,15 @@ pub enum ReportError<R: Debug> {
     /// would ever be freed.
     #[error("an aggregator needs at least one worker")]
     NoWorkers,
+    /// More workers than [`ReportAggregator::MAX_WORKERS`]: every delayed
+    /// request would cost a flag per worker, and no engine has that many.
+    #[error("an aggregator counts at most {max} workers, not {workers}")]
+    TooManyWorkers {
+        /// The count given.
+        workers: usize,
+        /// [`ReportAggregator::MAX_WORKERS`].
+        max: usize,
+    },
     /// The worker index is not below the aggregator's worker count.
     #[error("worker {worker} does not exist ({workers} workers)")]
     NoSuchWorker {
@@ -158,12 +167,26 @@ pub struct ReportAggregator<R> {
 }
 
 impl<R: Eq + Hash + Clone + Debug> ReportAggregator<R> {
+    /// The most workers an aggregator counts (tensor- and pipeline-parallel
+    /// ranks of one engine are far fewer). Each delayed request holds a flag
+    /// per worker, so the bound is also what one request can cost.
+    pub const MAX_WORKERS: usize = 4096;
+
     /// An aggregator for `workers` workers; [`ReportError::NoWorkers`] for
-    /// none.
+    /// none, [`ReportError::TooManyWorkers`] for more than
+    /// [`MAX_WORKERS`](Self::MAX_WORKERS) (a caller's number never sizes an
+    /// allocation unchecked).
     pub fn new(workers: usize) -> Result<Self, ReportError<R>> {
         // guard: S2-aggregator-needs-a-worker
         if workers == 0 {
             return Err(ReportError::NoWorkers);
+        }
+        // guard: H1-aggregator-workers-capped
+        if workers > Self::MAX_WORKERS {
+            return Err(ReportError::TooManyWorkers {
+                workers,
+                max: Self::MAX_WORKERS,
+            });
         }
         Ok(Self {
             workers,

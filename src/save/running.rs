@@ -121,6 +121,19 @@ impl<V> Running<V> {
         value
     }
 
+    /// Puts back task `id`, taken out by [`remove`](Self::remove) and not
+    /// closed after all (its wait was interrupted), where its id belongs.
+    pub(crate) fn restore(&mut self, id: TaskId, value: V) {
+        match self.entries.binary_search_by_key(&id, |(id, _)| *id) {
+            Ok(at) => {
+                debug_assert!(self.entries[at].1.is_none(), "{id} restored while running");
+                self.entries[at].1 = Some(value);
+                self.holes -= 1;
+            }
+            Err(at) => self.entries.insert(at, (id, Some(value))),
+        }
+    }
+
     /// Every running task, ascending.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (TaskId, &V)> {
         self.entries

@@ -48,6 +48,17 @@ impl TaskError {
     }
 }
 
+/// A check or wait that gave up before the task's I/O ended, because the
+/// waiting thread was asked to stop (a Python `KeyboardInterrupt` or
+/// `SystemExit` raised inside a store task's `done()` or `wait()`, say).
+/// It is not how the task ended: the tracker keeps the task running, the
+/// call returns early without passing its fence, and
+/// [`SaveTracker::take_interruption`](crate::SaveTracker::take_interruption)
+/// hands the cause back, so the caller can raise it and retry later.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted while waiting for a save: {0}")]
+pub struct Interrupted(pub Box<dyn std::error::Error + Send + Sync>);
+
 /// How the saves of a reported request went (see
 /// [`SaveTracker::get_finished_outcomes`](crate::SaveTracker::get_finished_outcomes)).
 /// Either way no save reads the request's blocks any more.
@@ -95,6 +106,24 @@ pub trait StoreTask {
     /// Waits until the task's I/O no longer touches the blocks and returns how
     /// it ended. Consumes the task, so it can be waited only once.
     fn wait(self) -> Result<(), TaskError>;
+
+    /// [`check`](Self::check), for a task whose check can be interrupted
+    /// (see [`Interrupted`]). The tracker calls this one; the default never
+    /// is interrupted.
+    fn try_check(&self) -> Result<bool, Interrupted> {
+        Ok(self.check())
+    }
+
+    /// [`wait`](Self::wait), for a task whose wait can be interrupted before
+    /// its I/O is over: it then hands the task back with the cause, and the
+    /// task is still running. The tracker calls this one; the default never
+    /// is interrupted.
+    fn try_wait(self) -> Result<Result<(), TaskError>, (Self, Interrupted)>
+    where
+        Self: Sized,
+    {
+        Ok(self.wait())
+    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@ use std::mem;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 
-use super::ledger::{Check, Closed, Ended, SaveLedger};
+use super::ledger::{Check, Closed, Closing, Ended, SaveLedger};
 use super::report::WorkerReport;
 use super::scheduler::SaveStep;
 use super::stats::{SaveLatency, SaveStats};
-use super::task::{SaveOutcome, StoreTask, TaskId};
+use super::task::{Interrupted, SaveOutcome, StoreTask, TaskId};
 use crate::fault::take_panic;
 use crate::invariant::InvariantViolation;
 
@@ -53,6 +53,12 @@ pub enum StepError {
         /// The step offered.
         got: u64,
     },
+    /// A wait at the step's preemption fence was interrupted (see
+    /// [`Interrupted`]): the fence did not pass and the step was not taken;
+    /// [`SaveTracker::take_interruption`] has the cause. Offer the step
+    /// again to retry.
+    #[error("the preemption fence was interrupted; the step was not taken")]
+    Interrupted,
 }
 
 /// One worker's deferred save completion.
@@ -81,6 +87,13 @@ pub enum StepError {
 /// handle is released when the task value is dropped, right after that wait.
 /// A failed submission, a failed wait and a timeout are counted and logged,
 /// and the request is still reported: its blocks never leak.
+///
+/// A task whose [`try_check`](StoreTask::try_check) or
+/// [`try_wait`](StoreTask::try_wait) is interrupted stays running, and the
+/// call stops there: a fence does not pass, a step is not taken
+/// ([`StepError::Interrupted`]), nothing is reported by that call (the
+/// finished requests are remembered for the next); the cause waits in
+/// [`take_interruption`](Self::take_interruption).
 ///
 /// ```
 /// use kvtier::{SaveScheduler, SaveTracker, StoreTask, save::TaskError};
@@ -117,6 +130,8 @@ pub struct SaveTracker<R, T> {
     /// `poll`'s list of tasks to close (and where they are), kept for its
     /// allocation.
     done: Vec<(TaskId, usize)>,
+    /// The first interruption not taken yet.
+    interrupted: Option<Interrupted>,
 }
 
 impl<R, T> Default for SaveTracker<R, T>
@@ -145,7 +160,23 @@ where
             ledger: SaveLedger::new(),
             mode,
             done: Vec::new(),
+            interrupted: None,
         }
+    }
+
+    /// Why the last call stopped early, if a task's check or wait was
+    /// interrupted (see [`Interrupted`]); taking it clears it.
+    pub fn take_interruption(&mut self) -> Option<Interrupted> {
+        self.interrupted.take()
+    }
+
+    /// Whether a call stopped early and its cause was not taken.
+    pub fn is_interrupted(&self) -> bool {
+        self.interrupted.is_some()
+    }
+
+    fn interrupt(&mut self, cause: Interrupted) {
+        self.interrupted.get_or_insert(cause);
     }
 
     /// The completion mode.
@@ -170,6 +201,10 @@ where
         if !step.preempted().is_empty() {
             // guard: S5-step-drives-the-fence
             self.handle_preemptions(step.preempted());
+            // guard: S13-interrupted-fence-takes-no-step
+            if self.is_interrupted() {
+                return Err(StepError::Interrupted);
+            }
         }
         // guard: S6-worker-records-the-step
         self.ledger.begin_step(step.requests());
@@ -204,21 +239,33 @@ where
         // Checked in place (no copy of the running set), in ascending id
         // order, and closed afterwards in the same order.
         let mut done = mem::take(&mut self.done);
+        let mut interrupted = None;
         self.ledger.check_running(
-            |task| match panic::catch_unwind(AssertUnwindSafe(|| task.check())) {
-                Ok(false) => Check::Running,
-                Ok(true) => Check::Complete,
+            |task| match panic::catch_unwind(AssertUnwindSafe(|| task.try_check())) {
+                Ok(Ok(false)) => Check::Running,
+                Ok(Ok(true)) => Check::Complete,
+                Ok(Err(cause)) => {
+                    interrupted = Some(cause);
+                    Check::Interrupted
+                }
                 Err(payload) => Check::Panicked(take_panic(payload)),
             },
             &mut done,
         );
-        let reaped = done.len();
+        if let Some(cause) = interrupted {
+            self.interrupt(cause);
+        }
         // Every task reaped here was found complete by this poll: one clock
         // reading times them all.
         let seen_complete = (!done.is_empty()).then(Instant::now);
+        let mut reaped = 0;
         for (id, at) in done.drain(..) {
-            self.close_at(id, Some(at), Closed::Reaped, seen_complete);
+            if !self.close_at(id, Some(at), Closed::Reaped, seen_complete) {
+                break;
+            }
+            reaped += 1;
         }
+        done.clear();
         self.done = done;
         reaped
     }
@@ -277,10 +324,17 @@ where
         // guard: S1-blocking-mode-waits
         if self.mode == CompletionMode::Blocking {
             for id in self.ledger.tasks_of_finishing() {
-                self.close(id, Closed::Waited);
+                if !self.close(id, Closed::Waited) {
+                    // Interrupted: the finished requests stay remembered.
+                    return;
+                }
             }
         }
         self.poll();
+        // guard: S13-interrupted-call-reports-nothing
+        if self.is_interrupted() {
+            return;
+        }
         self.ledger.report(&started, emit);
     }
 
@@ -304,8 +358,10 @@ where
         // guard: S5-fence-only-preempted
         let fenced = self.ledger.tasks_of(preempted);
         // guard: S5-fence-waits-preempted
-        for id in &fenced {
-            self.close(*id, Closed::Waited);
+        for (waited, id) in fenced.iter().enumerate() {
+            if !self.close(*id, Closed::Waited) {
+                return waited;
+            }
         }
         self.ledger.count_fence();
         fenced.len()
@@ -316,6 +372,9 @@ where
     pub fn wait_all(&mut self) -> Vec<R> {
         self.wait_running();
         let mut reported = Vec::new();
+        if self.is_interrupted() {
+            return reported;
+        }
         self.ledger
             .take_reportable(|request, _| reported.push(request));
         reported
@@ -326,8 +385,10 @@ where
     /// of this tracker touches any block. Returns how many tasks it waited.
     pub fn wait_running(&mut self) -> usize {
         let running: Vec<TaskId> = self.ledger.running().collect();
-        for id in &running {
-            self.close(*id, Closed::Waited);
+        for (waited, id) in running.iter().enumerate() {
+            if !self.close(*id, Closed::Waited) {
+                return waited;
+            }
         }
         running.len()
     }
@@ -400,8 +461,9 @@ where
 
     /// Waits for (or, after a complete check, reaps) one task and closes it:
     /// the task value is consumed by `wait`, which releases its handle.
-    fn close(&mut self, id: TaskId, how: Closed) {
-        self.close_at(id, None, how, None);
+    /// False when the wait was interrupted: the task stays running.
+    fn close(&mut self, id: TaskId, how: Closed) -> bool {
+        self.close_at(id, None, how, None)
     }
 
     /// [`close`](Self::close), with where the task is in the ledger if
@@ -413,23 +475,33 @@ where
         hint: Option<usize>,
         how: Closed,
         seen_complete: Option<Instant>,
-    ) {
-        let closed = self.ledger.close_task(id, hint, how, |task| {
-            let ended = match panic::catch_unwind(AssertUnwindSafe(|| task.wait())) {
-                Ok(outcome) => {
+    ) -> bool {
+        let mut interrupted = None;
+        let closing = self.ledger.try_close_task(id, hint, how, |task| {
+            let ended = match panic::catch_unwind(AssertUnwindSafe(|| task.try_wait())) {
+                Ok(Ok(outcome)) => {
                     if let Err(error) = &outcome {
                         tracing::warn!(task = %id, %error, "a save did not complete; its requests are still reported");
                     }
                     Ended::Returned(outcome)
+                }
+                Ok(Err((task, cause))) => {
+                    interrupted = Some(cause);
+                    return Err(task);
                 }
                 Err(payload) => {
                     tracing::error!(task = %id, panic = %take_panic(payload), "a save task's wait panicked; its requests are still reported");
                     Ended::Panicked
                 }
             };
-            (ended, seen_complete.unwrap_or_else(Instant::now))
+            Ok((ended, seen_complete.unwrap_or_else(Instant::now)))
         });
-        debug_assert!(closed, "S4: {id} closed twice");
+        debug_assert!(closing != Closing::NotRunning, "S4: {id} closed twice");
+        if let Some(cause) = interrupted {
+            self.interrupt(cause);
+            return false;
+        }
+        true
     }
 }
 

@@ -15,7 +15,7 @@ use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The most I/O threads a tier starts.
-const MAX_IO_THREADS: usize = 1024;
+use super::MAX_IO_THREADS;
 
 /// Settings of an [`FsTier`]. Start from `FsOptions::default()` and change
 /// what you need; [`FsTier::open_with`] checks them (as

@@ -21,6 +21,10 @@ mod object;
 #[cfg(fs_tier)]
 pub(crate) mod pool;
 
+/// The most I/O threads one tier or transfer pool starts: a thread count
+/// is a caller's number, and each thread reserves a stack.
+pub const MAX_IO_THREADS: usize = 1024;
+
 /// Equality and hashing by the `id` field alone: a transfer job as a
 /// [`SaveTracker`](crate::SaveTracker) holds it (its other fields describe
 /// it, they do not name it).

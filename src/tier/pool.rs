@@ -77,9 +77,21 @@ impl IoPool {
             emptied: Condvar::new(),
             alive: AtomicUsize::new(0),
         });
+        // A last line behind the callers' typed checks: a thread count never
+        // sizes an allocation unchecked.
+        let total = threads[0].checked_add(threads[1]);
+        let Some(total) = total.filter(|&total| total <= super::MAX_IO_THREADS) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "at most {} I/O threads, not {threads:?}",
+                    super::MAX_IO_THREADS
+                ),
+            ));
+        };
         let mut pool = Self {
             shared,
-            threads: Vec::with_capacity(threads.iter().sum()),
+            threads: Vec::with_capacity(total),
         };
         let tags = if threads[1] == 0 {
             ["", ""]

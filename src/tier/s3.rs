@@ -308,6 +308,28 @@ impl S3Options {
         if let Some(region) = &self.region {
             check_region(region)?;
         }
+        // A credential goes into an HTTP header: a CR, LF or other control
+        // byte there would make every request fail inside the client.
+        // guard: H4-credentials-checked
+        for (name, value) in [
+            ("access_key_id", &self.access_key_id),
+            ("secret_access_key", &self.secret_access_key),
+        ] {
+            if let Some(value) = value {
+                check_credential(name, value)?;
+            }
+        }
+        if self.access_key_id.is_none() {
+            for name in [
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN",
+            ] {
+                if let Some(value) = std::env::var_os(name) {
+                    check_credential(name, &value.to_string_lossy())?;
+                }
+            }
+        }
         for (name, timeout) in [
             ("request_timeout", self.request_timeout),
             ("connect_timeout", self.connect_timeout),
@@ -530,6 +552,20 @@ fn namespace_of(url: &str) -> Result<String, String> {
     Ok(namespace)
 }
 
+/// A credential is printable ASCII without spaces (what access keys,
+/// secrets and session tokens are made of), and not empty.
+fn check_credential(name: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{name} is empty"));
+    }
+    if let Some(bad) = value.bytes().find(|byte| !byte.is_ascii_graphic()) {
+        return Err(format!(
+            "{name} holds the byte {bad:#04x}; a credential is printable ASCII without spaces"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -584,6 +620,26 @@ mod tests {
                 Err(message) => assert!(message.contains(reason), "{bad:?}: {message}"),
                 Ok(()) => panic!("{bad:?} accepted"),
             }
+        }
+    }
+
+    #[test]
+    fn a_credential_with_a_control_byte_or_a_space_is_refused() {
+        let with = |id: &str, secret: &str| S3Options::new("bucket").credentials(id, secret);
+        assert!(
+            with("AKIDEXAMPLE", "wJalr/XUtnFEMI+K7MDENG")
+                .validate()
+                .is_ok()
+        );
+        for (id, secret) in [
+            ("AKID\r\nX-Injected: 1", "secret"),
+            ("AKID", "sec\nret"),
+            ("AKID EXAMPLE", "secret"),
+            ("", "secret"),
+            ("AKID", "s\0"),
+        ] {
+            let error = with(id, secret).validate().expect_err(id);
+            assert!(matches!(error, TierError::Config(_)), "{error}");
         }
     }
 

@@ -55,7 +55,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from .._native import Lookup, VllmTransfers
+from .._native import ConfigError, Lookup, VllmTransfers
 from . import AsyncLookupManager
 
 if TYPE_CHECKING:
@@ -64,6 +64,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kvtier.vllm")
 
 __all__ = ["FsTier"]
+
+# The longest shutdown grace (seconds): a day; vLLM kills its engine
+# processes 5 s after SIGTERM by default anyway.
+_MAX_GRACE = 86_400.0
+
+
+def _check_root_dir(root_dir: object) -> str:
+    """``root_dir`` as vLLM's ``FileMapper`` takes it: a non-empty path
+    without NUL. vLLM hands it on unchecked (``""`` makes directories below
+    ``/``, ``None`` below ``./None``), so it is checked here."""
+    # guard: N7-root-dir-checked
+    if not isinstance(root_dir, (str, os.PathLike)):
+        raise ConfigError(f"root_dir is a path (str or os.PathLike), not {type(root_dir).__name__}")
+    path = os.fspath(root_dir)
+    if isinstance(path, bytes):
+        raise ConfigError("root_dir is a str path, not bytes")
+    if not path:
+        raise ConfigError("root_dir is empty; name the directory the tier stores blocks in")
+    if "\0" in path:
+        raise ConfigError(f"root_dir {path!r} contains a NUL character")
+    return path
 
 # Keys whose paths the construction-time layout check compares: one-, two-
 # and many-byte hashes (the fan-out slices differently) in several groups.
@@ -134,9 +155,12 @@ class FsTier(SecondaryTierManager):
         stale_temp_age: Optional[float] = 600.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        if not shutdown_grace >= 0:
-            raise ValueError(f"shutdown_grace is a number of seconds >= 0, not {shutdown_grace!r}")
+        if not 0 <= shutdown_grace <= _MAX_GRACE:
+            raise ConfigError(
+                f"shutdown_grace is {shutdown_grace!r}; it must be 0 to {_MAX_GRACE:.0f} seconds"
+            )
         self._shutdown_grace = float(shutdown_grace)
+        root_dir = _check_root_dir(root_dir)
         self._closed = False
         self.locality = Locality(locality) if locality is not None else None
         self.events: Optional[list[OffloadingEvent]] = None

@@ -94,16 +94,30 @@ impl TokioConfig {
     /// [`Lookup::tokio`](crate::Lookup::tokio) and
     /// [`Lookup::tokio_on`](crate::Lookup::tokio_on) check them too.
     pub fn validate(&self) -> Result<(), LookupError> {
-        if self.max_concurrent_groups == 0 {
-            return Err(LookupError::Config(
-                "max_concurrent_groups must be at least 1".into(),
-            ));
+        // guard: H6-prober-settings-capped
+        if !(1..=MAX_CONCURRENT_GROUPS).contains(&self.max_concurrent_groups) {
+            return Err(LookupError::Config(format!(
+                "max_concurrent_groups is {}; it must be 1 to {MAX_CONCURRENT_GROUPS}",
+                self.max_concurrent_groups
+            )));
         }
         if self.group_timeout == Some(Duration::ZERO) {
             return Err(LookupError::Config(
                 "a zero group_timeout would make every key a miss; use a positive timeout or None"
                     .into(),
             ));
+        }
+        for (name, value) in [
+            ("group_timeout", self.group_timeout),
+            ("shutdown_grace", Some(self.shutdown_grace)),
+        ] {
+            if let Some(value) = value
+                && value > MAX_WAIT
+            {
+                return Err(LookupError::Config(format!(
+                    "{name} is {value:?}; it must be at most a day"
+                )));
+            }
         }
         if !(1..=MAX_WORKER_THREADS).contains(&self.worker_threads) {
             return Err(LookupError::Config(format!(
@@ -114,6 +128,13 @@ impl TokioConfig {
         Ok(())
     }
 }
+
+/// The most groups probed at once: far more than any tier serves, and a
+/// caller's number never sizes a semaphore unchecked.
+pub(super) const MAX_CONCURRENT_GROUPS: usize = 1 << 16;
+
+/// The longest group timeout and shutdown grace: a day.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 /// The most runtime threads [`Lookup::tokio`](crate::Lookup::tokio) starts: more only costs
 /// memory (a million of them abort the process).

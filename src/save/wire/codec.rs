@@ -18,6 +18,11 @@ pub trait WireId: Sized + sealed::Sealed {
     #[doc(hidden)]
     fn take(input: &mut Reader<'_>) -> Result<Self, WireError>;
 
+    /// The memory a decoded id holds: its slot in a list and its heap
+    /// allocation (see [`heap_cost`]).
+    #[doc(hidden)]
+    fn cost(&self) -> usize;
+
     /// The fewest bytes one id takes on the wire (bounds a list's claimed
     /// length by what is left of the message).
     #[doc(hidden)]
@@ -45,6 +50,10 @@ impl WireId for u64 {
         array.copy_from_slice(bytes);
         Ok(u64::from_be_bytes(array))
     }
+
+    fn cost(&self) -> usize {
+        size_of::<Self>()
+    }
 }
 
 impl WireId for String {
@@ -59,11 +68,16 @@ impl WireId for String {
     fn take(input: &mut Reader<'_>) -> Result<Self, WireError> {
         let at = input.position();
         let len = input.length()?;
+        input.charge(heap_cost(len), at)?;
         let bytes = input.bytes(len)?;
         match std::str::from_utf8(bytes) {
             Ok(text) => Ok(text.to_owned()),
             Err(_) => Err(WireError::BadId { at }),
         }
+    }
+
+    fn cost(&self) -> usize {
+        size_of::<Self>() + heap_cost(self.len())
     }
 }
 
@@ -77,9 +91,43 @@ impl WireId for Vec<u8> {
     }
 
     fn take(input: &mut Reader<'_>) -> Result<Self, WireError> {
+        let at = input.position();
         let len = input.length()?;
+        input.charge(heap_cost(len), at)?;
         Ok(input.bytes(len)?.to_vec())
     }
+
+    fn cost(&self) -> usize {
+        size_of::<Self>() + heap_cost(self.len())
+    }
+}
+
+/// What an allocation of `len` bytes holds, as glibc's allocator lays it
+/// out: nothing for an empty id, else `len` plus an 8-byte header rounded
+/// up to 16, at least 32.
+pub(crate) fn heap_cost(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        len.saturating_add(8).next_multiple_of(16).max(32)
+    }
+}
+
+/// What decoding a body of `body` bytes may hold in memory:
+/// [`MAX_COST_PER_BYTE`](super::MAX_COST_PER_BYTE) bytes per byte of body,
+/// plus [`COST_ALLOWANCE`](super::COST_ALLOWANCE).
+pub(crate) fn budget(body: usize) -> usize {
+    body.saturating_mul(super::MAX_COST_PER_BYTE)
+        .saturating_add(super::COST_ALLOWANCE)
+}
+
+/// What the ids of `lists` hold once decoded (the encoder's side of the
+/// budget: it refuses what a decoder would).
+pub(crate) fn cost_of<R: WireId>(lists: &[&[R]]) -> usize {
+    lists
+        .iter()
+        .flat_map(|list| list.iter())
+        .fold(0usize, |total, id| total.saturating_add(id.cost()))
 }
 
 /// Appends `value` as an unsigned LEB128 varint: 7 bits a byte, low bits
@@ -110,11 +158,34 @@ pub struct Reader<'a> {
     /// Offset of `input[0]` in the whole message, for error positions.
     base: usize,
     at: usize,
+    /// Bytes of memory the decoded values may still take (see [`budget`]).
+    budget: usize,
 }
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(input: &'a [u8], base: usize) -> Self {
-        Self { input, base, at: 0 }
+        Self {
+            input,
+            base,
+            at: 0,
+            budget: budget(input.len()),
+        }
+    }
+
+    /// Takes `bytes` of memory out of the budget before they are allocated
+    /// for the value at `at`.
+    pub(crate) fn charge(&mut self, bytes: usize, at: usize) -> Result<(), WireError> {
+        // guard: W4-decoding-within-the-memory-budget
+        match self.budget.checked_sub(bytes) {
+            Some(left) => {
+                self.budget = left;
+                Ok(())
+            }
+            None => Err(WireError::TooCostly {
+                at,
+                budget: budget(self.input.len()),
+            }),
+        }
     }
 
     /// The position in the whole message.
@@ -200,6 +271,7 @@ impl<'a> Reader<'a> {
                     .saturating_sub(self.remaining()),
             });
         }
+        self.charge((count as usize).saturating_mul(size_of::<R>()), at)?;
         let mut ids = Vec::with_capacity(count as usize);
         for _ in 0..count {
             ids.push(R::take(self)?);

@@ -8,8 +8,19 @@
 //! byte by byte and owned here, not derived from struct definitions a
 //! refactor could change; it needs no dependency; and the decoder, written
 //! against that layout, is small enough to fuzz to the bottom (no input
-//! makes it panic, allocate beyond its input, or accept a message it would
-//! not encode itself).
+//! makes it panic or accept a message it would not encode itself).
+//!
+//! # What a message costs
+//!
+//! A decoded message holds at most [`MAX_COST_PER_BYTE`] bytes of memory
+//! per byte of its body, plus [`COST_ALLOWANCE`]: each id is counted as its
+//! slot in its list and its own allocation (as glibc lays it out), before
+//! either is made, and a message past its budget is refused with
+//! [`WireError::TooCostly`]. Without it, a body of empty string ids (one
+//! byte each on the wire, 24 bytes each decoded) would cost 24 times its
+//! size. Ids of a few bytes and more (vLLM's are 40 or so) stay far below
+//! the budget; an encoder refuses the messages a decoder would, so a
+//! scheduler never sends one its workers cannot take.
 //!
 //! # Layout (version 1)
 //!
@@ -84,6 +95,12 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 10;
 /// The longest body a message may declare.
 pub const MAX_BODY: usize = 64 << 20;
+/// The memory a decoded message may hold per byte of its body (see
+/// [What a message costs](self#what-a-message-costs)).
+pub const MAX_COST_PER_BYTE: usize = 8;
+/// The memory any message may hold beyond [`MAX_COST_PER_BYTE`] per byte:
+/// small messages of short ids always decode.
+pub const COST_ALLOWANCE: usize = 1 << 20;
 /// Counters in a version-1 report.
 const COUNTERS: u64 = 16;
 
@@ -171,6 +188,17 @@ pub enum WireError {
     TooLong {
         /// The body length.
         declared: usize,
+    },
+    /// Decoding (or a decoder of) the message would hold more memory than
+    /// its budget: [`MAX_COST_PER_BYTE`] per byte of body plus
+    /// [`COST_ALLOWANCE`].
+    #[error("the value at byte {at} takes the message past its memory budget of {budget} bytes")]
+    TooCostly {
+        /// Where the value that did not fit starts (the header's length for
+        /// an encoder).
+        at: usize,
+        /// The message's budget.
+        budget: usize,
     },
     /// The body is not as long as the header declares.
     #[error("the header declares a {declared}-byte body but {actual} bytes follow it")]
@@ -311,13 +339,23 @@ fn begin(out: &mut Vec<u8>, kind: MessageKind) -> usize {
 }
 
 /// Writes the body length into the header begun at `start`; a body over
-/// [`MAX_BODY`] is taken back out of `out` and refused.
-fn end(out: &mut Vec<u8>, start: usize) -> Result<(), WireError> {
+/// [`MAX_BODY`], or whose ids would cost a decoder more than its budget
+/// (`cost`, see [What a message costs](self#what-a-message-costs)), is taken
+/// back out of `out` and refused.
+fn end(out: &mut Vec<u8>, start: usize, cost: usize) -> Result<(), WireError> {
     let body = out.len() - start - HEADER_LEN;
     // guard: W3-encoder-refuses-oversized
     if body > MAX_BODY {
         out.truncate(start);
         return Err(WireError::TooLong { declared: body });
+    }
+    // guard: W4-encoder-refuses-too-costly
+    if cost > codec::budget(body) {
+        out.truncate(start);
+        return Err(WireError::TooCostly {
+            at: HEADER_LEN,
+            budget: codec::budget(body),
+        });
     }
     out[start + 6..start + 10].copy_from_slice(&(body as u32).to_le_bytes());
     Ok(())
@@ -354,7 +392,9 @@ fn id_kind<R: WireId>(body: &mut Reader<'_>) -> Result<(), WireError> {
 impl<R: WireId> SaveStep<R> {
     /// The step as a version-1 message (see the [module docs](self) for the
     /// layout); [`WireError::TooLong`] if its body would exceed
-    /// [`MAX_BODY`] (about a million 64-byte ids in one step).
+    /// [`MAX_BODY`] (about a million 64-byte ids in one step),
+    /// [`WireError::TooCostly`] if its ids would cost a decoder more than
+    /// its budget (see [What a message costs](self#what-a-message-costs)).
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let mut out = Vec::new();
         self.encode_into(&mut out)?;
@@ -370,7 +410,8 @@ impl<R: WireId> SaveStep<R> {
         put_list(out, &self.requests);
         put_list(out, &self.preempted);
         put_list(out, &self.finished);
-        end(out, start)
+        let cost = codec::cost_of(&[&self.requests, &self.preempted, &self.finished]);
+        end(out, start, cost)
     }
 
     /// Decodes a step message; any other bytes give a [`WireError`], never
@@ -487,7 +528,9 @@ fn take_latency(body: &mut Reader<'_>) -> Result<SaveLatency, WireError> {
 
 impl<R: WireId> WorkerReport<R> {
     /// The report as a version-1 message (see the [module docs](self));
-    /// [`WireError::TooLong`] if its body would exceed [`MAX_BODY`].
+    /// [`WireError::TooLong`] if its body would exceed [`MAX_BODY`],
+    /// [`WireError::TooCostly`] if its ids would cost a decoder more than
+    /// its budget.
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let mut out = Vec::new();
         self.encode_into(&mut out)?;
@@ -507,7 +550,7 @@ impl<R: WireId> WorkerReport<R> {
             put_varint(out, value);
         }
         put_latency(out, &self.latency);
-        end(out, start)
+        end(out, start, codec::cost_of(&[&self.finished]))
     }
 
     /// Decodes a report message; any other bytes give a [`WireError`],

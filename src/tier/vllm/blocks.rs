@@ -4,12 +4,15 @@
 //!
 //! A store writes a temporary file next to the block (`<path>_<suffix>.tmp`,
 //! created exclusively) and renames it over the block's name, so a reader
-//! sees no file or a whole one; a block already there is not written again.
-//! A load reads exactly one block: a file shorter than a block can only be a
-//! damaged one (stores are atomic) and is removed, so the next lookup misses
-//! instead of failing the same load again; any other failure (a missing
-//! file, a link loop, a file that is not regular, a file of another block
-//! size) leaves the path alone.
+//! sees no file or a whole one; a block already there (a regular file of
+//! exactly one block) is not written again, and anything else at its name (a
+//! file of another size, a FIFO, a dangling link) is replaced, atomically.
+//! A load reads exactly one block: a file shorter or longer than a block can
+//! only be a damaged one (stores are atomic, and the rank directory's name
+//! carries the layout's hash, so every block in it has one size) and is
+//! removed, so the next lookup misses instead of failing the same load
+//! again; any other failure (a missing file, a link loop, a file that is
+//! not regular) leaves the path alone.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -18,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use super::super::TierError;
 use super::super::format::Corruption;
-use super::super::fs::{create_temp, exists, kind_of, open_for_read};
+use super::super::fs::{create_temp, is_absent, kind_of, open_for_read};
 
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,11 +32,18 @@ pub(crate) enum Stored {
     Present,
 }
 
-/// Stores `bytes` as the block at `path`, unless a file is there already.
+/// Stores `bytes` as the block at `path`, unless a whole block is there
+/// already; whatever else is there is replaced.
 pub(crate) fn store_block(path: &Path, bytes: &[u8]) -> Result<Stored, TierError> {
-    // guard: V3-a-present-block-is-not-rewritten
-    if exists(path, true)? {
-        return Ok(Stored::Present);
+    match fs::metadata(path) {
+        // guard: V3-a-present-block-is-not-rewritten
+        // guard: V9-a-wrong-sized-block-is-replaced
+        Ok(metadata) if metadata.is_file() && metadata.len() == bytes.len() as u64 => {
+            return Ok(Stored::Present);
+        }
+        Ok(_) => {}
+        Err(error) if is_absent(&error) => {}
+        Err(error) => return Err(TierError::io("stat", path, error)),
     }
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(TierError::Config(format!(
@@ -79,10 +89,11 @@ pub(crate) fn load_block(path: &Path, into: &mut [u8]) -> Result<(), TierError> 
         location: path.display().to_string(),
         kind: Corruption::BlockSize { expected, found },
     };
-    // A longer file is a block of another size (another layout), not a
-    // damaged one of ours: refused, and kept.
+    // A longer file is damaged too: refused, and removed like a short one.
     // guard: V4-a-longer-file-is-refused
     if metadata.len() > expected {
+        // guard: V9-a-longer-block-is-removed
+        remove_if_same_file(path, &metadata);
         return Err(corrupt(metadata.len()));
     }
     let got = read_full(&file, into).map_err(|error| TierError::io("read", path, error))?;
@@ -108,7 +119,7 @@ fn read_full(mut file: &File, into: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-/// Removes the short file read through `read` from `path`, unless a store
+/// Removes the damaged file read through `read` from `path`, unless a store
 /// has renamed a new block over it since (then `path` is another file).
 fn remove_if_same_file(path: &Path, read: &fs::Metadata) {
     #[cfg(unix)]
@@ -122,7 +133,7 @@ fn remove_if_same_file(path: &Path, read: &fs::Metadata) {
     #[cfg(not(unix))]
     let _ = read;
     if let Err(error) = fs::remove_file(path) {
-        tracing::warn!(path = %path.display(), %error, "cannot remove a short block file");
+        tracing::warn!(path = %path.display(), %error, "cannot remove a damaged block file");
     }
 }
 
@@ -203,7 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn a_short_file_is_removed_and_a_long_one_kept() {
+    fn a_short_file_and_a_long_one_are_removed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let short = dir.path().join("short.bin");
         fs::write(&short, b"1234").unwrap();
@@ -224,7 +235,7 @@ mod tests {
         let long = dir.path().join("long.bin");
         fs::write(&long, b"123456789").unwrap();
         assert!(load_block(&long, &mut block).is_err());
-        assert!(long.exists(), "a block of another size is kept");
+        assert!(!long.exists(), "a long block is damaged too: removed");
 
         let missing = dir.path().join("missing.bin");
         assert!(matches!(

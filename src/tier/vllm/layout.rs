@@ -57,13 +57,21 @@ impl VllmFsLayout {
     /// The layout below `rank_dir`, vLLM's `<root>/<model>_<cfghash>_r<rank>`.
     /// The directory need not exist yet (vLLM creates it with its first
     /// block; until then every key is a miss), but the path must not be
-    /// empty.
+    /// empty or hold a NUL byte.
     pub fn new(rank_dir: impl Into<PathBuf>) -> Result<Self, TierError> {
         let rank_dir = rank_dir.into();
         if rank_dir.as_os_str().is_empty() {
             return Err(TierError::Config(
                 "the vLLM rank directory is an empty path".into(),
             ));
+        }
+        // No file system path holds a NUL: every probe of such a layout
+        // would fail, and each key would silently miss.
+        // guard: H3-nul-in-a-path-refused
+        if rank_dir.as_os_str().as_encoded_bytes().contains(&0) {
+            return Err(TierError::Config(format!(
+                "the vLLM rank directory {rank_dir:?} contains a NUL byte"
+            )));
         }
         Ok(Self { rank_dir })
     }

@@ -22,8 +22,8 @@ use crate::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::tier::TierError;
 use crate::tier::pool::IoPool;
+use crate::tier::{MAX_IO_THREADS, TierError};
 
 /// Whether a job stores blocks into the tier or loads them out of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -213,10 +213,20 @@ impl VllmTransfers {
         load_threads: usize,
         store_threads: usize,
     ) -> Result<Self, TierError> {
-        if load_threads + store_threads == 0 {
-            return Err(TierError::Config(
-                "vLLM transfers need at least one I/O thread".into(),
-            ));
+        // guard: H2-transfer-threads-capped
+        match load_threads.checked_add(store_threads) {
+            Some(0) => {
+                return Err(TierError::Config(
+                    "vLLM transfers need at least one I/O thread".into(),
+                ));
+            }
+            Some(threads) if threads <= MAX_IO_THREADS => {}
+            _ => {
+                return Err(TierError::Config(format!(
+                    "vLLM transfers run at most {MAX_IO_THREADS} I/O threads in all, \
+                     not {load_threads} load + {store_threads} store threads"
+                )));
+            }
         }
         let pool = IoPool::with_lanes([load_threads, store_threads], "kvtier-vllm-io")
             .map_err(|source| TierError::io("start I/O threads for", layout.rank_dir(), source))?;
