@@ -135,6 +135,9 @@ SUITES = {
     "P": {
         "pytest": (pytest("tests"), {}),
     },
+    "H": {
+        "tests": (TEST + ["-p", "kvtier", "--features", "tokio", "--lib", "--tests"], {}),
+    },
     "N": {
         "vLLM's tests, native": (in_vllm("native", "test_fs_tier.py", "test"), {}),
         "vLLM's tests, python": (in_vllm("python", "test_async_lookup.py", "test"), {}),
@@ -625,7 +628,8 @@ MUTATIONS = [
     Mutation(
         "S5-fence-waits-preempted",
         "the preemption fence returns without waiting for the preempted requests' tasks",
-        [("        for id in &fenced {", "        for id in fenced.iter().take(0) {")],
+        [("        for (waited, id) in fenced.iter().enumerate() {",
+          "        for (waited, id) in fenced.iter().take(0).enumerate() {")],
         TEST + ["--release", "-p", "kvtier-models", "--test", "loom_save", "preemption_fence"],
         LOOM,
     ),
@@ -916,15 +920,15 @@ MUTATIONS = [
     Mutation(
         "V9-a-longer-block-is-removed",
         "a block file longer than a block stays in place: every lookup answers hit and every load of it fails",
-        [("        // guard: V9-a-longer-block-is-removed\n        remove_if_same_file(path, &metadata);\n",
-          "        // guard: V9-a-longer-block-is-removed\n")],
+        [("        remove_if_same_file(path, &metadata);\n        return Err(corrupt(metadata.len()));",
+          "        return Err(corrupt(metadata.len()));")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
     ),
     Mutation(
         "V4-a-short-block-is-removed",
         "a short (damaged) block file is left in place, so every lookup finds it and every load fails",
-        [("        // guard: V4-a-short-block-is-removed\n        remove_if_same_file(path, &metadata);\n",
-          "        // guard: V4-a-short-block-is-removed\n")],
+        [("        remove_if_same_file(path, &metadata);\n        return Err(corrupt(got as u64));",
+          "        return Err(corrupt(got as u64));")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
     ),
     Mutation(
@@ -1034,7 +1038,8 @@ MUTATIONS = [
     Mutation(
         "P7-the-copier-lets-go-of-the-tensors",
         "BlockCopier.shutdown keeps the tensors, so vLLM's offload region cannot close its mapping",
-        [("        self.memory.clear();\n", "")],
+        [("        borrow(slf, \"shutdown\")?.memory.clear();\n",
+          "        let _ = borrow(slf, \"shutdown\")?;\n")],
         pytest("tests/test_copier.py::test_shutdown_lets_go_of_the_tensors"),
     ),
     Mutation(
@@ -1089,14 +1094,14 @@ MUTATIONS = [
     Mutation(
         "P2-wait-idle-lets-go-of-the-gil",
         "Lookup.wait_idle waits holding the GIL, so no Python thread can finish a backend's call",
-        [("py.detach(|| lookup.wait_idle()).map_err(lookup_error)",
-          "lookup.wait_idle().map_err(lookup_error)")],
+        [("|lookup| py.detach(|| lookup.wait_idle_for(SIGNAL_SLICE)),",
+          "|lookup| lookup.wait_idle_for(SIGNAL_SLICE),")],
         pytest("tests/test_lookup.py::test_wait_idle_releases_the_gil_for_other_python_threads"),
     ),
     Mutation(
         "P2-transfers-wait-without-the-gil",
         "VllmTransfers.drain waits for the I/O holding the GIL, so no Python thread runs meanwhile",
-        [("guard(|| Ok(py.detach(|| inner.wait_idle())))", "guard(|| Ok(inner.wait_idle()))")],
+        [("|inner| py.detach(|| inner.wait_idle()),", "|inner| inner.wait_idle(),")],
         pytest("tests/test_transfers.py::test_drain_lets_other_python_threads_run"),
     ),
     Mutation(
@@ -1153,6 +1158,172 @@ MUTATIONS = [
         [("                Check::Panicked(message) => {\n",
           "                Check::Panicked(message) => {\n                    done.push((id, at));\n")],
         TEST + ["-p", "kvtier", "--test", "save", "a_panicking_check_never"],
+    ),
+    Mutation(
+        "H1-aggregator-workers-capped",
+        "a report aggregator sizes its per-worker vectors by any worker count: 2**40 aborts the process",
+        [("        if workers > Self::MAX_WORKERS {", "        if false {")],
+        TEST + ["-p", "kvtier", "--test", "save", "an_aggregator_for_more_workers_than_the_cap"],
+    ),
+    Mutation(
+        "H2-transfer-threads-capped",
+        "vLLM transfers take any thread counts: their sum wraps to 0 or sizes an allocation that aborts",
+        [("            Some(threads) if threads <= MAX_IO_THREADS => {}", "            Some(_) => {}")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "thread_counts_past_the_cap"],
+    ),
+    Mutation(
+        "H2-copier-threads-capped",
+        "a KV copier starts as many threads as asked",
+        [("let threads = threads.clamp(1, crate::tier::MAX_IO_THREADS);", "let threads = threads.max(1);")],
+        TEST + ["-p", "kvtier", "--lib", "offload::copier::tests::a_thread_count_past_the_cap"],
+    ),
+    Mutation(
+        "H3-nul-in-a-path-refused",
+        "a vLLM rank directory holding a NUL is accepted, and every key then misses",
+        [("        if rank_dir.as_os_str().as_encoded_bytes().contains(&0) {", "        if false {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_layout", "a_rank_directory_with_a_nul"],
+    ),
+    Mutation(
+        "H3-nul-in-a-thread-name-refused",
+        "a worker thread's name holding a NUL reaches the thread builder, which panics",
+        [("        if name.contains('\\0') {", "        if false {")],
+        TEST + ["-p", "kvtier", "--test", "stuck_backend", "a_thread_name_with_a_nul"],
+    ),
+    Mutation(
+        "H4-credentials-checked",
+        "an S3 credential with CR/LF is accepted; every request then fails inside the client",
+        [("                check_credential(name, value)?;", "                let _ = (name, value);")],
+        TEST + ["-p", "kvtier", "--features", "object-store", "--lib", "a_credential_with_a_control_byte"],
+    ),
+    Mutation(
+        "H5-stuck-worker-left-behind",
+        "a graced shutdown joins a worker stuck in its backend call, and waits forever",
+        [("            if unpublished > 0 {", "            if false {")],
+        TEST + ["-p", "kvtier", "--test", "stuck_backend", "a_stuck_call_makes_a_graced_shutdown"],
+    ),
+    Mutation(
+        "H6-prober-settings-capped",
+        "a native prober's concurrency is not capped: 2**62 reaches a semaphore that panics",
+        [("        if !(1..=MAX_CONCURRENT_GROUPS).contains(&self.max_concurrent_groups) {",
+          "        if self.max_concurrent_groups == 0 {")],
+        TEST + ["-p", "kvtier", "--features", "tokio", "--lib", "tokio::config::tests::settings_past_their_caps"],
+    ),
+    Mutation(
+        "S14-interrupted-check-stops",
+        "an interrupted check is taken as still running and the poll goes on to the next task",
+        [("                Check::Interrupted => return,", "                Check::Interrupted => {}")],
+        TEST + ["-p", "kvtier", "--test", "interrupts", "an_interrupted_check_stops_the_poll"],
+    ),
+    Mutation(
+        "S14-interrupted-wait-keeps-the-task",
+        "a task whose wait was interrupted is closed as if it ended: the fence passes while its save runs",
+        [("""                self.tasks.restore(
+                    task,
+                    Open {
+                        task: value,
+                        members,
+                        opened,
+                        check_panicked,
+                    },
+                );
+                return Closing::Kept;""", """                drop(value);
+                let _ = check_panicked;
+                (Ended::Returned(Ok(())), opened)""")],
+        TEST + ["-p", "kvtier", "--test", "interrupts"],
+    ),
+    Mutation(
+        "S14-interrupted-fence-takes-no-step",
+        "a step whose fence was interrupted is taken all the same, so offering it again is refused as repeated",
+        [("            if self.is_interrupted() {\n                return Err(StepError::Interrupted);",
+          "            if false {\n                return Err(StepError::Interrupted);")],
+        TEST + ["-p", "kvtier", "--test", "interrupts", "an_interrupted_fence_does_not_pass"],
+    ),
+    Mutation(
+        "S14-interrupted-call-reports-nothing",
+        "an interrupted get_finished reports what it could, which a caller raising the interrupt then loses",
+        [("        if self.is_interrupted() {\n            return;\n        }\n        self.ledger.report",
+          "        if false {\n            return;\n        }\n        self.ledger.report")],
+        TEST + ["-p", "kvtier", "--test", "interrupts", "an_interrupted_get_finished_reports_nothing"],
+    ),
+    Mutation(
+        "W4-decoding-within-the-memory-budget",
+        "a decoder allocates whatever the ids need: a 64 MiB body of empty ids holds 1.5 GiB",
+        [("        match self.budget.checked_sub(bytes) {", "        match Some(self.budget) {")],
+        TEST + ["-p", "kvtier", "--release", "--test", "wire_memory"],
+    ),
+    Mutation(
+        "W4-encoder-refuses-too-costly",
+        "an encoder sends a message whose ids cost a decoder more than its budget, which every worker refuses",
+        [("    if cost > codec::budget(body) {", "    if false {")],
+        TEST + ["-p", "kvtier", "--release", "--test", "wire_memory"],
+    ),
+    Mutation(
+        "P8-fork-detected",
+        "an object made before os.fork() is used in the child, whose threads do not exist: waits hang, stops panic",
+        [("        if self.is_forked() {\n            return Err(ForkError", "        if false {\n            return Err(ForkError")],
+        pytest("tests/test_hostile_lifecycle.py::test_an_inherited_lookup_raises_fork_error_in_the_child"),
+    ),
+    Mutation(
+        "P8-no-join-after-fork",
+        "an object made before os.fork() is dropped in the child by stopping threads that are not there",
+        [("        if self.is_forked() {\n            std::mem::forget(value);", "        if false {\n            std::mem::forget(value);")],
+        pytest("tests/test_hostile_lifecycle.py::test_dropping_inherited_objects_in_a_child_prints_nothing"),
+    ),
+    Mutation(
+        "P9-busy-names-the-call",
+        "a call on an object lent to a waiting call is let through to a shut-down error instead of naming the call in progress",
+        [("        if let State::Lent(busy) = self.state {", "        if let (State::Lent(busy), false) = (&self.state, true) {")],
+        pytest("tests/test_hostile_lifecycle.py::test_a_call_during_another_threads_wait_idle_raises_busy_naming_it"),
+    ),
+    Mutation(
+        "P10-waits-answer-signals",
+        "Lookup.wait_idle never looks at pending signals: Ctrl-C during a stuck wait is never raised",
+        [("                py.check_signals()?;", "                let _ = py;")],
+        pytest("tests/test_hostile_lifecycle.py::test_ctrl_c_during_wait_idle_is_raised"),
+    ),
+    Mutation(
+        "P10-shutdown-answers-signals",
+        "a Ctrl-C during Lookup.shutdown is raised only when some later bytecode looks",
+        [("            py.check_signals()?;", "            let _ = py;")],
+        pytest("tests/test_hostile_lifecycle.py::test_ctrl_c_during_shutdown_is_raised_once_its_grace_ran_out"),
+    ),
+    Mutation(
+        "P11-answers-are-bools",
+        "a backend's answers are judged by truthiness: \"False\" and a dict's keys are hits",
+        [("    if let Ok(answer) = answer.cast::<pyo3::types::PyBool>() {", "    if true {")],
+        pytest("tests/test_hostile_config.py::test_an_answer_that_is_not_a_bool_makes_the_group_miss"),
+    ),
+    Mutation(
+        "P12-req-id-errors-propagate",
+        "any error of a req_id property becomes a TypeError, a KeyboardInterrupt too",
+        [("        Err(error) if error.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) => {",
+          "        Err(_) => {")],
+        pytest("tests/test_hostile_lifecycle.py::test_a_req_id_property_that_raises_an_interrupt_raises_it"),
+    ),
+    Mutation(
+        "P12-foreign-exceptions-propagate",
+        "a KeyboardInterrupt inside a store task's wait() is its failure: the fence passes while the save runs",
+        [("    !error.is_instance_of::<PyException>(py)", "    let _ = (py, error);\n    false")],
+        pytest("tests/test_hostile_lifecycle.py::test_an_interrupted_fence_raises_and_does_not_pass"),
+    ),
+    Mutation(
+        "P12-interrupted-fence-raises",
+        "a fence interrupted without a cause on record is reported as a step out of sequence",
+        [("                Err(CoreStepError::Interrupted) => Err(KvtierError::new_err(",
+          "                Err(CoreStepError::Interrupted) if false => Err(KvtierError::new_err(")],
+        pytest("tests/test_hostile_lifecycle.py::test_an_interrupted_fence_raises_and_does_not_pass"),
+    ),
+    Mutation(
+        "P13-durations-bounded-with-clear-errors",
+        "a duration too long for a Duration reaches the converter, which panics or says it is negative",
+        [("    if value > MAX_SECONDS {", "    if false {")],
+        pytest("tests/test_hostile_config.py::test_a_duration_too_long_says_so"),
+    ),
+    Mutation(
+        "N7-root-dir-checked",
+        "FsTier hands root_dir to vLLM's FileMapper unchecked: \"\" makes directories below /, None below ./None",
+        [("    if not path:\n", "    if False:\n")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_a_bad_root_dir_is_a_configuration_error"),
     ),
 ]
 

@@ -1,7 +1,7 @@
 //! A store task whose check or wait is interrupted (a Python
 //! `KeyboardInterrupt` inside `done()` or `wait()`) is not over: the
 //! tracker keeps it running, the call stops without passing its fence or
-//! reporting, hands the cause back, and a retry finishes the job (S13).
+//! reporting, hands the cause back, and a retry finishes the job (S14).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -156,4 +156,23 @@ fn an_interrupted_wait_all_waits_again_when_called_again() {
     assert!(worker.take_interruption().is_some());
     assert_eq!(worker.wait_all(), vec![1]);
     assert_eq!(waited.get(), 1);
+}
+
+#[test]
+fn an_interrupted_get_finished_reports_nothing_until_the_next_call() {
+    // What an interrupted call reported would be lost: its caller raises
+    // the interrupt instead of returning the list.
+    let mut worker = SaveTracker::new();
+    worker.record(&[1u64, 2]);
+    let (done, _, _) = Stubborn::new(0, true);
+    let (interrupting, _, _) = Stubborn::new(1, false);
+    worker.submit(done, &[1]);
+    worker.submit(interrupting, &[2]);
+    assert_eq!(worker.get_finished(&[1, 2]), Vec::<u64>::new());
+    assert!(worker.take_interruption().is_some());
+    assert_eq!(
+        worker.get_finished(&[]),
+        vec![1],
+        "1 is reported by the next call"
+    );
 }

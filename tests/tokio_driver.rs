@@ -438,7 +438,9 @@ fn invalid_settings_are_refused_with_a_reason() {
             Ok(_) => panic!("accepted"),
         }
     };
-    assert!(refuse(TokioConfig::default().max_concurrent_groups(0)).contains("at least 1"));
+    assert!(refuse(TokioConfig::default().max_concurrent_groups(0)).contains("1 to 65536"));
+    // A caller's number never sizes the semaphore unchecked.
+    assert!(refuse(TokioConfig::default().max_concurrent_groups(1 << 62)).contains("1 to 65536"));
     assert!(refuse(TokioConfig::default().group_timeout(Some(Duration::ZERO))).contains("zero"));
     assert!(refuse(TokioConfig::default().worker_threads(0)).contains("worker_threads"));
     // A million threads would abort the process on memory.

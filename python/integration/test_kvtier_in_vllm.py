@@ -298,6 +298,27 @@ def test_vllms_own_lookup_manager_cannot_answer_while_the_gil_is_held(tmp_path, 
         tier.shutdown()
 
 
+@pytest.mark.parametrize("root_dir", ["", None, 7, "kv\0cache", b"/tmp/kv"])
+def test_a_bad_root_dir_is_a_configuration_error(tmp_path, memory, monkeypatch, root_dir):
+    """vLLM's FileMapper takes root_dir unchecked: "" made directories below
+    /, None below ./None. The tier refuses them before any is made."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(kvtier.ConfigError, match="root_dir"):
+        FsTier(
+            offloading_spec=offloading_spec(),
+            primary_kv_view=memoryview(memory),
+            tier_type="kvtier",
+            root_dir=root_dir,
+        )
+    assert list(tmp_path.iterdir()) == [], "nothing was made"
+
+
+@pytest.mark.parametrize("grace", [-1.0, 1e20, float("nan")])
+def test_a_shutdown_grace_out_of_range_is_a_configuration_error(tmp_path, memory, grace):
+    with pytest.raises(kvtier.ConfigError, match="shutdown_grace"):
+        kvtier_tier(tmp_path, memory, shutdown_grace=grace)
+
+
 def test_the_package_keeps_working_without_the_tier(tmp_path):
     # kvtier.vllm's other names need no vLLM; FsTier is imported on demand.
     assert "FsTier" in kvtier.vllm.__all__

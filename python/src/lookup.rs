@@ -43,6 +43,10 @@ impl Prober<Key, String> for AnyProber {
         self.0.wait_idle()
     }
 
+    fn wait_idle_for(&mut self, limit: Duration) -> Result<bool, LookupError> {
+        self.0.wait_idle_for(limit)
+    }
+
     fn shutdown(&mut self) -> Result<(), LookupError> {
         self.0.shutdown()
     }
@@ -681,17 +685,23 @@ impl PyLookup {
             let stopped = py.detach(move || lookup.shutdown());
             let mut this = borrow(slf, "shutdown")?;
             this.inner.close();
-            match stopped {
-                Ok(table) => {
-                    let stats = stats_dict(py, &table.stats())?;
-                    this.stopped = Some(table);
-                    Ok(Some(stats))
-                }
+            let (table, error) = match stopped {
+                Ok(table) => (table, None),
                 Err(error) => {
                     let (error, table) = error.into_parts();
-                    this.stopped = Some(table);
-                    Err(ShutdownError::new_err(error.to_string()))
+                    (table, Some(error))
                 }
+            };
+            let stats = stats_dict(py, &table.stats())?;
+            this.stopped = Some(table);
+            drop(this);
+            // A Ctrl-C while it waited is raised now, not at the caller's
+            // next bytecode that happens to look.
+            // guard: P10-shutdown-answers-signals
+            py.check_signals()?;
+            match error {
+                None => Ok(Some(stats)),
+                Some(error) => Err(ShutdownError::new_err(error.to_string())),
             }
         })
     }
@@ -766,7 +776,7 @@ pub(crate) fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
     }
     let field = match request.getattr("req_id") {
         Ok(field) => field,
-        // guard: P12-foreign-exceptions-propagate
+        // guard: P12-req-id-errors-propagate
         Err(error) if error.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) => {
             return Err(PyTypeError::new_err(format!(
                 "a request is a str id or has a req_id attribute, not {}",

@@ -197,7 +197,7 @@ where
 
 /// A mutable borrow of `slf` for `call`; a borrow held elsewhere (a call
 /// that runs Python code, re-entered from that code) is a [`BusyError`].
-pub(crate) fn borrow<'a, 'py, C>(slf: &'a Bound<'py, C>, call: &str) -> PyResult<PyRefMut<'py, C>>
+pub(crate) fn borrow<'py, C>(slf: &Bound<'py, C>, call: &str) -> PyResult<PyRefMut<'py, C>>
 where
     C: PyClass<Frozen = False>,
 {

@@ -373,4 +373,29 @@ mod tests {
         drop(copier);
         assert_eq!(released.load(Ordering::SeqCst), 1, "let go once");
     }
+
+    #[test]
+    fn a_thread_count_past_the_cap_is_clamped_not_allocated() {
+        let mut memory = vec![0u8; 8];
+        let extent = Extent {
+            base: memory.as_mut_ptr() as usize,
+            rows: 1,
+            stride: 8,
+        };
+        let tensor = CacheTensor {
+            engine: extent,
+            offload: extent,
+            page: 8,
+        };
+        let layer = LayerRef {
+            tensor: 0,
+            bytes: 8,
+        };
+        let layout = CopyLayout::new(vec![tensor], vec![vec![layer]], 1).unwrap();
+        // SAFETY: no job is submitted; the memory outlives the copier.
+        let copier = unsafe { BlockCopier::new(layout, usize::MAX, Box::new(())) };
+        assert!(copier.is_ok(), "{:?}", copier.err());
+        drop(copier);
+        drop(memory);
+    }
 }

@@ -324,7 +324,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
             match check(&open.task) {
                 Check::Running => {}
                 Check::Complete => done.push((id, at)),
-                // guard: S13-interrupted-check-stops
+                // guard: S14-interrupted-check-stops
                 Check::Interrupted => return,
                 // guard: S9-poll-never-waits
                 Check::Panicked(message) => {
@@ -375,7 +375,7 @@ impl<R: Eq + Hash + Clone + Debug, T> SaveLedger<R, T> {
         let (ended, at) = match wait(value) {
             Ok(ended) => ended,
             Err(value) => {
-                // guard: S13-interrupted-wait-keeps-the-task
+                // guard: S14-interrupted-wait-keeps-the-task
                 self.tasks.restore(
                     task,
                     Open {

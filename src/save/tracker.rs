@@ -201,7 +201,7 @@ where
         if !step.preempted().is_empty() {
             // guard: S5-step-drives-the-fence
             self.handle_preemptions(step.preempted());
-            // guard: S13-interrupted-fence-takes-no-step
+            // guard: S14-interrupted-fence-takes-no-step
             if self.is_interrupted() {
                 return Err(StepError::Interrupted);
             }
@@ -331,7 +331,7 @@ where
             }
         }
         self.poll();
-        // guard: S13-interrupted-call-reports-nothing
+        // guard: S14-interrupted-call-reports-nothing
         if self.is_interrupted() {
             return;
         }

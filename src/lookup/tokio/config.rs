@@ -107,18 +107,6 @@ impl TokioConfig {
                     .into(),
             ));
         }
-        for (name, value) in [
-            ("group_timeout", self.group_timeout),
-            ("shutdown_grace", Some(self.shutdown_grace)),
-        ] {
-            if let Some(value) = value
-                && value > MAX_WAIT
-            {
-                return Err(LookupError::Config(format!(
-                    "{name} is {value:?}; it must be at most a day"
-                )));
-            }
-        }
         if !(1..=MAX_WORKER_THREADS).contains(&self.worker_threads) {
             return Err(LookupError::Config(format!(
                 "worker_threads is {}; it must be 1 to {MAX_WORKER_THREADS}",
@@ -133,9 +121,37 @@ impl TokioConfig {
 /// caller's number never sizes a semaphore unchecked.
 pub(super) const MAX_CONCURRENT_GROUPS: usize = 1 << 16;
 
-/// The longest group timeout and shutdown grace: a day.
-const MAX_WAIT: Duration = Duration::from_secs(86_400);
-
 /// The most runtime threads [`Lookup::tokio`](crate::Lookup::tokio) starts: more only costs
 /// memory (a million of them abort the process).
 pub(super) const MAX_WORKER_THREADS: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_past_their_caps_are_configuration_errors() {
+        let base = TokioConfig::default();
+        assert!(base.clone().validate().is_ok());
+        let too_far = [
+            base.clone().max_concurrent_groups(0),
+            base.clone()
+                .max_concurrent_groups(MAX_CONCURRENT_GROUPS + 1),
+            base.clone().max_concurrent_groups(1 << 62),
+            base.clone().group_timeout(Some(Duration::ZERO)),
+            base.clone().worker_threads(1 << 40),
+        ];
+        for config in too_far {
+            let refused = config.validate();
+            assert!(
+                matches!(refused, Err(LookupError::Config(_))),
+                "{refused:?}"
+            );
+        }
+        assert!(
+            base.max_concurrent_groups(MAX_CONCURRENT_GROUPS)
+                .validate()
+                .is_ok()
+        );
+    }
+}

@@ -268,6 +268,19 @@ where
         Ok(())
     }
 
+    fn wait_idle_for(&mut self, limit: Duration) -> Result<bool, LookupError> {
+        let deadline = Instant::now() + limit;
+        let mut pool = self.shared.pool.lock();
+        while pool.finished < pool.submitted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            pool = self.shared.progress.wait_timeout(pool, left);
+        }
+        Ok(true)
+    }
+
     /// 1. Lets queued and running groups finish for at most
     ///    `shutdown_grace`;
     /// 2. cancels the rest: queued groups and running calls are published
