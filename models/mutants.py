@@ -908,7 +908,7 @@ MUTATIONS = [
         "V4-a-longer-file-is-refused",
         "a load takes the first block's worth of a longer file (another layout's block) as the block",
         [("    if metadata.len() > expected {", "    if false && metadata.len() > expected {")],
-        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_or_long_file_is_removed"],
     ),
     Mutation(
         "V9-a-wrong-sized-block-is-replaced",
@@ -922,14 +922,14 @@ MUTATIONS = [
         "a block file longer than a block stays in place: every lookup answers hit and every load of it fails",
         [("        remove_if_same_file(path, &metadata);\n        return Err(corrupt(metadata.len()));",
           "        return Err(corrupt(metadata.len()));")],
-        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_or_long_file_is_removed"],
     ),
     Mutation(
         "V4-a-short-block-is-removed",
         "a short (damaged) block file is left in place, so every lookup finds it and every load fails",
         [("        remove_if_same_file(path, &metadata);\n        return Err(corrupt(got as u64));",
           "        return Err(corrupt(got as u64));")],
-        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_file_is_removed"],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_short_or_long_file_is_removed"],
     ),
     Mutation(
         "V4-loads-stop-at-the-first-failure",
@@ -1290,7 +1290,7 @@ MUTATIONS = [
     Mutation(
         "P11-answers-are-bools",
         "a backend's answers are judged by truthiness: \"False\" and a dict's keys are hits",
-        [("    if let Ok(answer) = answer.cast::<pyo3::types::PyBool>() {", "    if true {")],
+        [("    if !is_bool(answer)? {", "    if false {")],
         pytest("tests/test_hostile_config.py::test_an_answer_that_is_not_a_bool_makes_the_group_miss"),
     ),
     Mutation(
@@ -1307,13 +1307,6 @@ MUTATIONS = [
         pytest("tests/test_hostile_lifecycle.py::test_an_interrupted_fence_raises_and_does_not_pass"),
     ),
     Mutation(
-        "P12-interrupted-fence-raises",
-        "a fence interrupted without a cause on record is reported as a step out of sequence",
-        [("                Err(CoreStepError::Interrupted) => Err(KvtierError::new_err(",
-          "                Err(CoreStepError::Interrupted) if false => Err(KvtierError::new_err(")],
-        pytest("tests/test_hostile_lifecycle.py::test_an_interrupted_fence_raises_and_does_not_pass"),
-    ),
-    Mutation(
         "P13-durations-bounded-with-clear-errors",
         "a duration too long for a Duration reaches the converter, which panics or says it is negative",
         [("    if value > MAX_SECONDS {", "    if false {")],
@@ -1321,8 +1314,8 @@ MUTATIONS = [
     ),
     Mutation(
         "N7-root-dir-checked",
-        "FsTier hands root_dir to vLLM's FileMapper unchecked: \"\" makes directories below /, None below ./None",
-        [("    if not path:\n", "    if False:\n")],
+        "FsTier hands root_dir to vLLM's FileMapper unchecked: None becomes ./None",
+        [("    if not isinstance(root_dir, (str, os.PathLike)):", "    if False:")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_a_bad_root_dir_is_a_configuration_error"),
     ),
 ]
@@ -1668,8 +1661,8 @@ def read_record():
 
 
 def write_record(fingerprints):
-    """Adds `fingerprints` (of mutations all caught just now, taken of the
-    tree they were run in before the run) to the record."""
+    """Adds `fingerprints` (of mutations caught just now, taken of the tree
+    they were run in before the run) to the record."""
     import json
     import subprocess as sp
 
@@ -1769,16 +1762,21 @@ def main():
         matrix(selected, tree)
     baseline({(tuple(m.check), tuple(sorted((m.env or {}).items()))) for m in selected}, tree)
     bad = 0
+    caught = set()
     for mutation in selected:
         started = time.time()
         verdict, detail = run(mutation, tree)
         bad += verdict != "CAUGHT"
+        if verdict == "CAUGHT":
+            caught.add(mutation.id)
         print(f"{verdict:8} {mutation.id:34} {time.time() - started:5.1f}s  {mutation.what}")
         print(f"         check: {' '.join(mutation.check)}")
         print(f"         -> {detail}")
     print(f"\n{len(selected) - bad} of {len(selected)} mutations caught")
-    if record and not bad:
-        write_record(fingerprints)
+    if record:
+        # Only what was caught: a mutation that survived (or broke) is run
+        # again by the next selection.
+        write_record({id: print_ for id, print_ in fingerprints.items() if id in caught})
     sys.exit(1 if bad else 0)
 
 

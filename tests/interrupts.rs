@@ -130,15 +130,20 @@ fn an_interrupted_blocking_get_finished_reports_nothing_and_the_next_call_does()
 
 #[test]
 fn an_interrupted_check_stops_the_poll_and_keeps_the_task() {
+    // After an interrupt no more of the caller's code runs: the complete
+    // task behind the interrupted one is not even checked.
     let mut worker = SaveTracker::new();
-    worker.record(&[1u64]);
+    worker.record(&[1u64, 2]);
     let (task, _, waited) = Stubborn::new(1, true);
+    let (behind, _, behind_waited) = Stubborn::new(0, true);
     worker.submit(task, &[1]);
+    worker.submit(behind, &[2]);
     assert_eq!(worker.poll(), 0);
     assert!(worker.take_interruption().is_some());
-    assert_eq!((worker.running_tasks(), waited.get()), (1, 0));
-    assert_eq!(worker.poll(), 1);
-    assert_eq!(worker.get_finished(&[1]), vec![1]);
+    assert_eq!((worker.running_tasks(), waited.get()), (2, 0));
+    assert_eq!(behind_waited.get(), 0);
+    assert_eq!(worker.poll(), 2);
+    assert_eq!(worker.get_finished(&[1, 2]), vec![1, 2]);
 }
 
 #[test]

@@ -50,7 +50,14 @@ fn a_stuck_call_makes_a_graced_shutdown_give_up_instead_of_joining() {
         None
     );
     let started = Instant::now();
-    let stopped = lookup.shutdown();
+    // On another thread, so a shutdown that joins the stuck worker fails the
+    // test (and `release` is dropped, which lets the worker go) instead of
+    // hanging it.
+    let (stopped_tx, stopped_rx) = channel();
+    std::thread::spawn(move || stopped_tx.send(lookup.shutdown()).ok());
+    let stopped = stopped_rx
+        .recv_timeout(GRACE * 25)
+        .expect("shutdown returned within its grace");
     let took = started.elapsed();
     let error = stopped.expect_err("the call never returned");
     let (error, table) = error.into_parts();
@@ -75,7 +82,14 @@ fn a_stuck_call_bounds_a_graced_drop_too() {
     lookup.flush().unwrap();
     entered.recv().unwrap();
     let started = Instant::now();
-    drop(lookup);
+    let (dropped_tx, dropped_rx) = channel();
+    std::thread::spawn(move || {
+        drop(lookup);
+        dropped_tx.send(()).ok()
+    });
+    dropped_rx
+        .recv_timeout(GRACE * 25)
+        .expect("the drop returned within its grace");
     assert!(
         started.elapsed() < GRACE * 25,
         "took {:?}",

@@ -141,18 +141,23 @@ impl Backend<Key, String> for PythonBackend {
 /// truthiness (`"False"` would be a hit).
 fn strict_bool(answer: &Bound<'_, PyAny>) -> PyResult<bool> {
     // guard: P11-answers-are-bools
-    if let Ok(answer) = answer.cast::<pyo3::types::PyBool>() {
-        return Ok(answer.is_true());
+    if !is_bool(answer)? {
+        return Err(PyTypeError::new_err(format!(
+            "a backend answers each key with a bool, not {} ({:.40})",
+            answer.get_type().name()?,
+            answer.repr()?.to_string()
+        )));
+    }
+    answer.is_truthy()
+}
+
+/// Whether `answer` is a `bool` or numpy's `bool_`.
+fn is_bool(answer: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if answer.is_instance_of::<pyo3::types::PyBool>() {
+        return Ok(true);
     }
     let kind = answer.get_type();
-    if matches!(kind.name()?.to_str()?, "bool" | "bool_") && kind.module()?.to_str()? == "numpy" {
-        return answer.is_truthy();
-    }
-    Err(PyTypeError::new_err(format!(
-        "a backend answers each key with a bool, not {} ({:.40})",
-        kind.name()?,
-        answer.repr()?.to_string()
-    )))
+    Ok(matches!(kind.name()?.to_str()?, "bool" | "bool_") && kind.module()?.to_str()? == "numpy")
 }
 
 /// The keyword arguments every native prober takes.

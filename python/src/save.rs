@@ -336,7 +336,7 @@ impl PySaveTracker {
             let step = &step.inner;
             match Self::run(slf, "begin_step", |tracker| tracker.begin_step(step))? {
                 Ok(()) => Ok(()),
-                // guard: P12-interrupted-fence-raises
+                // Only without a cause on record (`run` raised it otherwise).
                 Err(CoreStepError::Interrupted) => Err(KvtierError::new_err(
                     "the preemption fence was interrupted; the step was not taken",
                 )),
