@@ -557,9 +557,9 @@ MUTATIONS = [
         "submit drops the task at once, releasing its handle while the save runs",
         [("        self.ledger.open_task(requests, task, Instant::now())\n",
           "        let id = self.ledger.open_task(requests, task, Instant::now());\n"
-          "        self.ledger.close_task(id, None, Closed::Reaped, |task| {\n"
+          "        self.ledger.try_close_task(id, None, Closed::Reaped, |task| {\n"
           "            drop(task);\n"
-          "            (Ended::Returned(Ok(())), Instant::now())\n"
+          "            Ok((Ended::Returned(Ok(())), Instant::now()))\n"
           "        });\n"
           "        id\n")],
         TEST + ["--test", "save", "completion_tasks_are_completed"],
@@ -1441,12 +1441,7 @@ def check(command, env_extra, tree):
     env = dict(os.environ)
     env.update(env_extra or {})
     env["CARGO_TARGET_DIR"] = target_dir(env_extra or {})
-    try:
-        result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
-        output = result.stdout + result.stderr
-        failed = result.returncode != 0
-    except subprocess.TimeoutExpired:
-        output, failed = "timed out (counts as caught: the check did not pass)", True
+    output, failed = run_bounded(command, tree, env, timeout=900)
     if "error[E" in output and "could not compile" in output:
         return "BROKEN", "the mutant does not compile; fix the mutation"
     if not failed:
@@ -1456,6 +1451,31 @@ def check(command, env_extra, tree):
     failing += [l.strip() for l in output.splitlines() if l.startswith("FAILED ")]
     failing += ["hung: " + l.strip() for l in output.splitlines() if "Timeout (" in l]
     return "CAUGHT", ("failing test: " + failing[0] if failing else "the check failed")[:160]
+
+
+def run_bounded(command, tree, env, timeout):
+    """Runs a check in a process group of its own: (output, failed). Its
+    output goes to a file, not a pipe, so a process it left behind (a forked
+    child that hangs under a mutation) cannot keep the wait going once the
+    check itself has ended; whatever is left of the group is then killed."""
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as out:
+        process = subprocess.Popen(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+        try:
+            failed = process.wait(timeout=timeout) != 0
+            note = ""
+        except subprocess.TimeoutExpired:
+            failed, note = True, "\ntimed out (counts as caught: the check did not pass)"
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        out.seek(0)
+        return out.read() + note, failed
 
 
 def run(mutation, tree):

@@ -21,12 +21,26 @@ from kvtier._native import VllmTransfers
 from conftest import PATIENCE, GatedTask, Request, watchdog
 
 
+STUCK: list = []
+
+
+@pytest.fixture(autouse=True)
+def release_stuck_backends():
+    """Lets every stuck backend return once its test ended, passed or
+    failed: a failed assertion must not leave a worker (and the run's
+    exit) waiting for ever."""
+    yield
+    while STUCK:
+        STUCK.pop().release.set()
+
+
 class Stuck:
     """A backend whose calls never return (until the test lets them)."""
 
     def __init__(self) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
+        STUCK.append(self)
 
     def batch_lookup(self, keys, req_id):
         self.entered.set()
@@ -41,6 +55,18 @@ def stuck_lookup(grace: float = 0.3):
     lookup.flush()
     assert backend.entered.wait(PATIENCE)
     return lookup, backend
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Python installs its KeyboardInterrupt handler only when SIGINT is at
+    its default: a run started in the background of a shell without job
+    control inherits SIGINT ignored, and an interrupt test there would
+    wait for its watchdog. Each test here gets the handler, then the
+    disposition it had."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def interrupt_after(seconds: float) -> threading.Thread:
@@ -213,14 +239,19 @@ def test_a_req_id_property_that_raises_an_interrupt_raises_it():
 # D11: other calls during a wait got PyO3's "Already borrowed".
 def test_a_call_during_another_threads_wait_idle_raises_busy_naming_it():
     lookup, backend = stuck_lookup()
-    waiter = threading.Thread(target=lookup.wait_idle)
+    waiter = threading.Thread(target=lookup.wait_idle, daemon=True)
     waiter.start()
     time.sleep(0.1)
-    with pytest.raises(BusyError, match=r"Lookup\.flush: Lookup\.wait_idle\(\) is in progress"):
-        lookup.flush()
-    with pytest.raises(BusyError, match="wait_idle"):
-        lookup.shutdown()
-    backend.release.set()
+    try:
+        with watchdog():
+            with pytest.raises(BusyError, match=r"Lookup\.flush: Lookup\.wait_idle\(\) is in progress"):
+                lookup.flush()
+            with pytest.raises(BusyError, match="wait_idle"):
+                lookup.shutdown()
+    finally:
+        # Released whatever happened, or the waiter (and the run) would
+        # wait for the stuck backend for ever.
+        backend.release.set()
     waiter.join(PATIENCE)
     assert lookup.lookup(b"k", "r") is True
     lookup.shutdown()
@@ -292,9 +323,20 @@ def in_child(body) -> str:
         os.write(write, out.encode())
         os._exit(0)
     os.close(write)
-    with watchdog():
-        _, status = os.waitpid(pid, 0)
-        out = os.read(read, 1 << 16).decode()
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            # A hung child is killed here: left running, it would outlive
+            # the test run (and hold its output open).
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read)
+            pytest.fail(f"the forked child hung for {PATIENCE} s")
+        time.sleep(0.01)
+    out = os.read(read, 1 << 16).decode()
     os.close(read)
     assert os.waitstatus_to_exitcode(status) == 0, out
     return out
