@@ -42,8 +42,10 @@ not the recorded one, and every SAMPLE_EVERY-th of the rest.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -1458,12 +1460,9 @@ def run_bounded(command, tree, env, timeout):
     output goes to a file, not a pipe, so a process it left behind (a forked
     child that hangs under a mutation) cannot keep the wait going once the
     check itself has ended; whatever is left of the group is then killed."""
-    import signal
-    import tempfile
-
-    with tempfile.TemporaryFile(mode="w+") as out:
+    with tempfile.TemporaryFile(mode="w+", errors="replace") as out:
         process = subprocess.Popen(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+                                   start_new_session=True)
         try:
             failed = process.wait(timeout=timeout) != 0
             note = ""

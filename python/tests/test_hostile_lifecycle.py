@@ -239,19 +239,15 @@ def test_a_req_id_property_that_raises_an_interrupt_raises_it():
 # D11: other calls during a wait got PyO3's "Already borrowed".
 def test_a_call_during_another_threads_wait_idle_raises_busy_naming_it():
     lookup, backend = stuck_lookup()
-    waiter = threading.Thread(target=lookup.wait_idle, daemon=True)
+    waiter = threading.Thread(target=lookup.wait_idle)
     waiter.start()
     time.sleep(0.1)
-    try:
-        with watchdog():
-            with pytest.raises(BusyError, match=r"Lookup\.flush: Lookup\.wait_idle\(\) is in progress"):
-                lookup.flush()
-            with pytest.raises(BusyError, match="wait_idle"):
-                lookup.shutdown()
-    finally:
-        # Released whatever happened, or the waiter (and the run) would
-        # wait for the stuck backend for ever.
-        backend.release.set()
+    with watchdog():
+        with pytest.raises(BusyError, match=r"Lookup\.flush: Lookup\.wait_idle\(\) is in progress"):
+            lookup.flush()
+        with pytest.raises(BusyError, match="wait_idle"):
+            lookup.shutdown()
+    backend.release.set()
     waiter.join(PATIENCE)
     assert lookup.lookup(b"k", "r") is True
     lookup.shutdown()
