@@ -125,6 +125,28 @@ EOF
     # shellcheck disable=SC2086
     tar -xzf "$sdist" -C "$WORK/tests" --strip-components=5 $members
     ls "$WORK/tests"
+    # The connector tests and their scheduler-level helpers, as a package
+    # (`tests.v1.kv_connector.unit.utils`), under $WORK/sdist.
+    rm -rf "$WORK/sdist"
+    mkdir -p "$WORK/sdist"
+    local v=vllm-${VLLM_VERSION}
+    tar -xzf "$sdist" -C "$WORK/sdist" --strip-components=1 \
+        "$v/tests/__init__.py" "$v/tests/v1/__init__.py" "$v/tests/v1/kv_connector/__init__.py" \
+        "$v/tests/v1/kv_connector/unit"
+    # vLLM's connector tests build their configs for facebook/opt-125m: a
+    # stand-in config.json in a private, offline Hugging Face cache (they
+    # read the model's config, never its weights).
+    local hub=$WORK/hf/hub/models--facebook--opt-125m rev=0000000000000000000000000000000000000000
+    mkdir -p "$hub/refs" "$hub/snapshots/$rev"
+    printf '%s' "$rev" >"$hub/refs/main"
+    cat >"$hub/snapshots/$rev/config.json" <<'JSON'
+{"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 768,
+ "num_attention_heads": 12, "num_hidden_layers": 12, "ffn_dim": 3072,
+ "max_position_embeddings": 2048, "vocab_size": 50272, "word_embed_proj_dim": 768,
+ "do_layer_norm_before": true, "torch_dtype": "float16", "pad_token_id": 1,
+ "bos_token_id": 2, "eos_token_id": 2, "activation_function": "relu",
+ "enable_bias": true, "layer_norm_elementwise_affine": true}
+JSON
 }
 
 # The docs name vLLM's tests as `<file>::<test>` (models/tests/
@@ -167,6 +189,33 @@ own_checks() {
         test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py) | tail -n 3
 }
 
+# vLLM's own connector tests that bear on a third-party connector (the
+# MultiConnector's composition, the connector lifecycle, recovery from
+# failed loads), as they are; the MultiConnector file's test that needs the
+# model's weights is left out. Then kvtier's connector through vLLM's real
+# Scheduler, with the sdist's helpers.
+CONNECTOR_TESTS="test_multi_connector.py test_kv_connector_lifecycle.py test_kv_load_failure_recovery.py
+test_invalid_blocks_correctness.py test_error_propagation.py"
+CONNECTOR_EXPECTED="48 passed, 1 skipped"
+connector_tests() {
+    local log=$WORK/pytest-connector.log files=""
+    for test in $CONNECTOR_TESTS; do
+        files="$files tests/v1/kv_connector/unit/${test}"
+    done
+    # shellcheck disable=SC2086
+    (cd "$WORK/sdist" && HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 "$PY" -m pytest -q -p no:cacheprovider \
+        --confcutdir=tests/v1 --deselect \
+        tests/v1/kv_connector/unit/test_multi_connector.py::test_multi_example_connector_consistency \
+        $files) | tee "$log" | tail -n 3
+    if ! tail -n 1 "$log" | grep -qE "^${CONNECTOR_EXPECTED}, 1 deselected"; then
+        grep -E "^(FAILED|ERROR) " "$log" || true
+        echo "vLLM's connector tests: not ${CONNECTOR_EXPECTED}"
+        return 1
+    fi
+    (cd python/integration && HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 KVTIER_VLLM_SDIST="$WORK/sdist" \
+        "$PY" -m pytest -q -p no:cacheprovider test_connector_in_vllm.py) | tail -n 3
+}
+
 end_to_end() {
     # Real engine processes on the CPU backend (HF_HUB_OFFLINE: the harness
     # writes its own model; nothing is downloaded).
@@ -188,6 +237,7 @@ for mode in vllm python native; do
     phase "vLLM's tier tests, ${mode} mode" run_mode "$mode"
 done
 phase "kvtier's checks inside vLLM" own_checks
+phase "kvtier's connector through vLLM's scheduler; vLLM's connector tests" connector_tests
 if [ "$BENCH" = 1 ]; then
     phase "benchmark inside vLLM's tier manager" bench
 fi

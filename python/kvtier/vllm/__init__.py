@@ -9,7 +9,16 @@ It takes its directory from vLLM's own ``FileMapper``, answers lookups
 with kvtier's native prober and runs stores and loads on native threads
 that read and write the primary tier's memory without the GIL, in vLLM's
 raw block format: vLLM's fs tier and kvtier's read each other's files.
-Importing ``FsTier`` imports vLLM; nothing else here does.
+``StorageConnector`` is a KV connector with deferred dumps (saving never
+blocks the model step; a finished request keeps its blocks until its dumps
+are done), loaded by vLLM from its config alone::
+
+    {"kv_connector": "StorageConnector",
+     "kv_connector_module_path": "kvtier.vllm.connector",
+     "kv_role": "kv_both", "kv_connector_extra_config": {"root_dir": "/mnt/kv"}}
+
+(``kvtier.vllm.connector``'s docs tell how it runs.) Importing ``FsTier``
+or ``StorageConnector`` imports vLLM; nothing else here does.
 
 ``AsyncLookupManager`` has the contract of the per-tier lookup manager
 vLLM's tier manager composes: ``lookup(key, req_context)`` answers ``True``
@@ -61,6 +70,7 @@ __all__ = [
     "AsyncLookupManager",
     "FsTier",
     "LookupPhase",
+    "StorageConnector",
     "base_dir",
     "block_path",
     "make_key",
@@ -329,4 +339,8 @@ def __getattr__(name: str) -> Any:
         from .tier import FsTier
 
         return FsTier
+    if name == "StorageConnector":
+        from .connector import StorageConnector
+
+        return StorageConnector
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

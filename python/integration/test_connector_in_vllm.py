@@ -1,0 +1,323 @@
+"""kvtier's KV connector driven through vLLM's real ``Scheduler`` (in one
+process: ``connector_sim.Cluster``), alone and under vLLM's
+``MultiConnector``: lookups and loads, the delayed free of a finished
+request until ``finished_sending``, preemption fences, aborts, failed
+dumps and workers reporting at different steps.
+
+Run by ``vllm.sh`` with vLLM's sdist on ``KVTIER_VLLM_SDIST`` and a private,
+offline ``HF_HOME`` holding a stand-in ``config.json`` for the sdist
+helpers' model."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from connector_sim import Cluster, connector_config, create_request
+from connector_sim import _fill  # the bytes a block's key is filled with
+
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+from kvtier import ConfigError
+from kvtier.vllm.connector import StorageConnector
+
+
+def _request(n: int = 100, max_tokens: int = 3, request_id: Any = None) -> Any:
+    return create_request(request_id=request_id, num_tokens=n, max_tokens=max_tokens, block_size=16)
+
+
+def _settle(cluster: Cluster, steps: int = 200) -> None:
+    """Steps until every request finished and was freed, and no dump is in
+    flight."""
+    for _ in range(steps):
+        engines = [cluster.engine(rank) for rank in range(len(cluster.workers))]
+        if (
+            not any(e.in_flight() for e in engines)
+            and not cluster.scheduler.has_requests()
+            and not cluster.connector._scheduler.has_delayed()
+        ):
+            return
+        time.sleep(0.01)
+        cluster.step()
+    raise AssertionError("dumps still in flight")
+
+
+def _prefill(cluster: Cluster, request: Any, **kwargs: Any) -> None:
+    """Steps until ``request`` ran its prefill (the first steps may wait
+    for the tier's lookup)."""
+    for _ in range(100):
+        so = cluster.step(**kwargs)
+        if request.request_id in so.num_scheduled_tokens:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{request.request_id} was never scheduled")
+
+
+def _allocated(cluster: Cluster, blocks: list[int]) -> bool:
+    pool = cluster.scheduler.kv_cache_manager.block_pool.blocks
+    return all(pool[b].ref_cnt > 0 for b in blocks)
+
+
+@pytest.fixture
+def root(tmp_path: Any) -> str:
+    return str(tmp_path / "kv")
+
+
+@pytest.fixture(params=["alone", "offloading", "example"])
+def setup(request: Any) -> dict[str, Any]:
+    """kvtier's connector alone, under MultiConnector next to
+    OffloadingConnector (vLLM's HMA path: request_finished_all_groups) and
+    next to ExampleConnector (the non-HMA path: request_finished)."""
+    return {"multi": None if request.param == "alone" else request.param}
+
+
+def test_restart_hits_load_the_dumped_bytes(root: str, setup: dict[str, Any]) -> None:
+    first = Cluster(connector_config(root, **setup))
+    request = first.add(_request())
+    _prefill(first, request)
+    _settle(first)
+    assert first.freed == [request.request_id]
+    keys = first.keys_of(request, 6)
+    assert first.check_files(keys) == {"present": 6, "absent": 0, "wrong": 0}
+    first.shutdown()
+
+    again = Cluster(connector_config(root, **setup))
+    twin = again.add(_request(request_id=int(request.request_id.split("-")[1])))
+    so = again.step()
+    # The tier is being probed: vLLM asks again next step.
+    assert twin.request_id not in so.num_scheduled_tokens
+    for _ in range(20):
+        so = again.step()
+        if twin.request_id in so.num_scheduled_tokens:
+            break
+        time.sleep(0.01)
+    # Six blocks came from the tier; the prompt's last 4 tokens are computed.
+    assert so.num_scheduled_tokens[twin.request_id] == 100 - 96
+    rows = again.caches[0].view(again.num_blocks, -1).view(torch.int8)
+    for key, block in zip(keys, again.blocks_of(twin.request_id)[:6]):
+        assert bytes(rows[block].numpy().tobytes()) == bytes(_fill(key, again.page).numpy().tobytes())
+    assert again.worker().stats()["loaded_blocks"] == 6
+    again.run(4)
+    _settle(again)
+    # Nothing new to dump: the request was not delayed.
+    assert again.freed == []
+    again.shutdown()
+
+
+def test_a_finished_request_keeps_its_blocks_until_finished_sending(root: str, setup: dict[str, Any]) -> None:
+    cluster = Cluster(connector_config(root, **setup), num_blocks=16)
+    request = cluster.add(_request(n=100, max_tokens=50))
+    cluster.engine().hold(lambda dump: True)
+    _prefill(cluster, request)
+    blocks = cluster.blocks_of(request.request_id)
+    cluster.step(finish={request.request_id})
+    # Finished, with its dump held: vLLM keeps the request and its blocks.
+    assert request.request_id in cluster.scheduler.requests
+    # Another request wants every block there is.
+    other = cluster.add(_request(n=150, max_tokens=2))
+    for _ in range(5):
+        cluster.step()
+        assert _allocated(cluster, blocks)
+        assert cluster.reported == [[]]
+    assert other not in cluster.scheduler.running
+    cluster.engine().hold(None)
+    _settle(cluster)
+    assert cluster.reported[0].count(request.request_id) == 1
+    assert cluster.freed.count(request.request_id) == 1
+    assert cluster.reuse_violations == []
+    assert cluster.check_files(cluster.keys_of(request, 6)) == {"present": 6, "absent": 0, "wrong": 0}
+    assert cluster.connector.stats()["report_disagreements"] == 0
+    cluster.shutdown()
+
+
+def test_a_preemption_waits_for_its_own_dumps_only(root: str) -> None:
+    cluster = Cluster(connector_config(root), num_blocks=14)
+    first = cluster.add(_request(n=96, max_tokens=200))
+    second = cluster.add(_request(n=96, max_tokens=200))
+    keys_first = set(cluster.keys_of(first))
+    release_at = [float("inf")]
+    # The first request's dumps stay held all along; the second's until
+    # release_at (set when its preemption comes).
+    cluster.engine().hold(
+        lambda dump: dump.keys[0] in keys_first or time.monotonic() < release_at[0]
+    )
+    preempted = None
+    fence = 0.0
+    for _ in range(80):
+        so = cluster.scheduler.schedule()
+        if so.preempted_req_ids:
+            preempted = set(so.preempted_req_ids)
+            release_at[0] = time.monotonic() + 0.2
+            started = time.monotonic()
+            cluster.workers[0].handle_preemptions(so.kv_connector_metadata)
+            fence = time.monotonic() - started
+            break
+        # Not this step's schedule after all: run it as a normal step.
+        cluster._finish_step(so)
+    assert preempted == {second.request_id}
+    # The fence waited for the preempted request's dumps (held 0.2 s) ...
+    assert fence >= 0.15
+    # ... and not for the first request's, still held.
+    held = [d for d in cluster.engine()._queued if d.keys[0] in keys_first]
+    assert held
+    assert cluster.worker().stats()["preemption_fences"] >= 1
+    cluster.engine().hold(None)
+    cluster.shutdown()
+
+
+def test_an_abort_during_a_dump_frees_after_the_dump(root: str, setup: dict[str, Any]) -> None:
+    cluster = Cluster(connector_config(root, **setup), num_blocks=32)
+    request = cluster.add(_request(n=100, max_tokens=50))
+    cluster.engine().hold(lambda dump: True)
+    _prefill(cluster, request)
+    blocks = cluster.blocks_of(request.request_id)
+    cluster.abort(request.request_id)
+    for _ in range(3):
+        cluster.step()
+        assert _allocated(cluster, blocks)
+    assert cluster.freed == []
+    cluster.engine().hold(None)
+    _settle(cluster)
+    assert cluster.freed == [request.request_id]
+    assert cluster.reported[0] == [request.request_id]
+    assert cluster.check_files(cluster.keys_of(request, 6)) == {"present": 6, "absent": 0, "wrong": 0}
+    cluster.shutdown()
+
+
+def test_a_failed_dump_is_still_reported_once(root: str) -> None:
+    cluster = Cluster(connector_config(root), num_blocks=32)
+    request = _request(n=64, max_tokens=2)
+    keys = cluster.keys_of(request)
+    # The directory a block file goes in is a regular file: its write fails.
+    for key in keys[:2]:
+        shard = os.path.dirname(os.path.dirname(cluster.key_file(key)))
+        os.makedirs(os.path.dirname(shard), exist_ok=True)
+        open(shard, "w").close()
+    cluster.add(request)
+    _prefill(cluster, request)
+    _settle(cluster)
+    stats = cluster.worker().stats()
+    assert stats["dumps_failed"] == 1
+    assert stats["task_failures"] == 1
+    assert cluster.reported[0] == [request.request_id]
+    assert cluster.freed == [request.request_id]
+    counts = cluster.check_files(keys[:4])
+    assert counts["wrong"] == 0
+    cluster.shutdown()
+
+
+def test_two_workers_reporting_at_different_steps(root: str) -> None:
+    cluster = Cluster(connector_config(root, workers=2), num_blocks=32, workers=2)
+    request = cluster.add(_request(n=64, max_tokens=2))
+    release_at = [float("inf")]
+    cluster.engine(1).hold(lambda dump: time.monotonic() < release_at[0])
+    _prefill(cluster, request)
+    cluster.run(3)
+    blocks = cluster.blocks_of(request.request_id)
+    # Worker 0 reported; worker 1's dump is held: vLLM keeps the blocks.
+    assert cluster.reported[0] == [request.request_id]
+    assert cluster.reported[1] == []
+    assert cluster.freed == []
+    assert _allocated(cluster, blocks)
+    release_at[0] = 0.0
+    _settle(cluster)
+    assert cluster.reported[1] == [request.request_id]
+    assert cluster.freed == [request.request_id]
+    assert cluster.connector.stats()["report_disagreements"] == 0
+    assert cluster.check_files(cluster.keys_of(request, 4), rank=1)["present"] == 4
+    cluster.shutdown()
+
+
+class _DroppingMultiConnector(MultiConnector):
+    """The seed's bug: a wrapper that does not forward ``request_finished``
+    to kvtier's connector."""
+
+    def request_finished(self, request: Any, blocks: list[int]) -> Any:
+        return self._aggregate_request_finished(
+            request,
+            lambda c: (False, None) if isinstance(c, StorageConnector) else c.request_finished(request, blocks),
+        )
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
+        if not self._all_support_hma:
+            return self.request_finished(request, block_ids[0])
+        return self._aggregate_request_finished(
+            request,
+            lambda c: (False, None)
+            if isinstance(c, StorageConnector)
+            else c.request_finished_all_groups(request, block_ids),
+        )
+
+
+@pytest.mark.parametrize("multi", ["offloading", "example"])
+def test_a_wrapper_that_drops_request_finished_is_caught(root: str, multi: str, monkeypatch: Any) -> None:
+    import vllm.distributed.kv_transfer.kv_connector.factory as factory
+
+    # Only the scheduler's connector is the buggy wrapper.
+    real = factory.KVConnectorFactory.create_connector
+
+    def create(config: Any, role: Any, kv_cache_config: Any = None) -> Any:
+        connector = real(config, role, kv_cache_config)
+        if isinstance(connector, MultiConnector) and role.name == "SCHEDULER":
+            connector.__class__ = _DroppingMultiConnector
+        return connector
+
+    monkeypatch.setattr(factory.KVConnectorFactory, "create_connector", staticmethod(create))
+    cluster = Cluster(connector_config(root, multi=multi), num_blocks=16)
+    request = cluster.add(_request(n=100, max_tokens=50))
+    # Held for a second: long enough for the steps below, and the fence
+    # the connector puts up waits for it.
+    release_at = time.monotonic() + 1.0
+    cluster.engine().hold(lambda dump: time.monotonic() < release_at)
+    _prefill(cluster, request)
+    blocks = cluster.blocks_of(request.request_id)
+    # Another request waits for blocks (its lookup answered meanwhile).
+    other = cluster.add(_request(n=150, max_tokens=2))
+    cluster.run(3)
+    assert other not in cluster.scheduler.running
+    cluster.step(finish={request.request_id})
+    # The free was not delayed: the check of the test above fails ...
+    assert not _allocated(cluster, blocks)
+    cluster.step()
+    assert other in cluster.scheduler.running
+    assert cluster.reuse_violations
+    # ... and kvtier's connector saw the unannounced finish and fenced the
+    # dump before the forward pass wrote the blocks: the files are right,
+    # and nothing is reported for a request vLLM no longer knows.
+    assert cluster.connector.stats()["unannounced_finishes"] == 1
+    cluster.engine().hold(None)
+    _settle(cluster)
+    assert request.request_id not in cluster.reported[0]
+    assert cluster.check_files(cluster.keys_of(request, 6)) == {"present": 6, "absent": 0, "wrong": 0}
+    cluster.shutdown()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"root_dir": ""}, "root_dir is empty"),
+        ({"root_dir": "/x", "staging_bytes": 0}, "staging_bytes"),
+        ({"root_dir": "/x", "io_threads": True}, "io_threads"),
+        ({"root_dir": "/x", "shutdown_grace": float("nan")}, "shutdown_grace"),
+        ({"root_dir": "/x", "blocking_save": "yes"}, "blocking_save"),
+        ({"root_dir": "/x", "rootdir": "/y"}, "does not know"),
+        ({}, "needs 'root_dir'"),
+    ],
+)
+def test_bad_settings_are_config_errors(extra: dict[str, Any], message: str) -> None:
+    from connector_sim import create_scheduler, create_vllm_config
+
+    config = create_vllm_config(
+        kv_connector="StorageConnector",
+        kv_connector_module_path="kvtier.vllm.connector",
+        kv_role="kv_both",
+        block_size=16,
+        dtype="float32",
+        kv_connector_extra_config=extra,
+    )
+    with pytest.raises(ConfigError, match=message):
+        create_scheduler(config, num_blocks=16)

@@ -1,0 +1,190 @@
+"""What both sides of the connector share: its settings (from
+``kv_connector_extra_config``), where its blocks live, and the metadata
+that crosses from the scheduler to the workers and back."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+
+from .._native import ConfigError
+from .tier import _check_root_dir
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+# The longest waits a setting may ask for (seconds): a day.
+_MAX_SECONDS = 86_400.0
+
+
+def _int(extra: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = extra.get(name, default)
+    # guard: K7-settings-are-checked
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"kv_connector_extra_config[{name!r}] is an int from {low} to {high}, not {value!r}")
+    return value
+
+
+def _seconds(extra: Mapping[str, Any], name: str, default: Optional[float], allow_none: bool) -> Optional[float]:
+    value = extra.get(name, default)
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value <= _MAX_SECONDS
+    ):
+        raise ConfigError(
+            f"kv_connector_extra_config[{name!r}] is a number of seconds from 0 to {_MAX_SECONDS:.0f}, "
+            f"not {value!r}"
+        )
+    return float(value)
+
+
+_KNOWN = {
+    "root_dir",
+    "staging_bytes",
+    "copy_threads",
+    "io_threads",
+    "lookup_concurrency",
+    "lookup_timeout",
+    "shutdown_grace",
+    "stale_temp_age",
+    "blocking_save",
+}
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """The connector's settings (see ``StorageConnector``'s docs)."""
+
+    base_path: str
+    agnostic: bool
+    block_size: int
+    staging_bytes: int
+    copy_threads: int
+    io_threads: int
+    lookup_concurrency: int
+    lookup_timeout: Optional[float]
+    shutdown_grace: float
+    stale_temp_age: Optional[float]
+    blocking_save: bool
+    world_size: int
+    run_config: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> "ConnectorSettings":
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+            build_offloading_config,
+        )
+
+        transfer = vllm_config.kv_transfer_config
+        extra: Mapping[str, Any] = dict(transfer.kv_connector_extra_config or {}) if transfer else {}
+        unknown = sorted(set(extra) - _KNOWN)
+        if unknown:
+            raise ConfigError(
+                f"kv_connector_extra_config has settings the kvtier connector does not know: {unknown}; "
+                f"it knows {sorted(_KNOWN)}"
+            )
+        if "root_dir" not in extra:
+            raise ConfigError("kv_connector_extra_config needs 'root_dir': the directory blocks are stored in")
+        root_dir = _check_root_dir(extra["root_dir"])
+        blocking = extra.get("blocking_save", False)
+        if not isinstance(blocking, bool):
+            raise ConfigError(f"kv_connector_extra_config['blocking_save'] is a bool, not {blocking!r}")
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1:
+            raise ConfigError(
+                f"the kvtier connector handles models with one KV-cache group; this one has {len(groups)}"
+            )
+        block_size = vllm_config.cache_config.block_size
+        # vLLM's own run config, so the directory is the one vLLM's fs tier
+        # uses for this model (offloaded blocks of one engine block).
+        offloading = build_offloading_config(vllm_config, kv_cache_config)
+        if offloading.cache.tokens_per_hash != block_size:
+            raise ConfigError(
+                f"the kvtier connector needs one block hash per block: the hash covers "
+                f"{offloading.cache.tokens_per_hash} tokens, a block {block_size}"
+            )
+        world = vllm_config.parallel_config.world_size
+        # One rank: vLLM's fs tier's directory (a parallelism-agnostic run
+        # collapses to rank 0). Several: each rank its own directory, since
+        # each rank dumps its own part of a block.
+        agnostic = world == 1
+        mapper = FileMapper.from_offloading_spec(
+            root_dir=root_dir,
+            offloading_spec=SimpleNamespace(config=offloading),  # type: ignore[arg-type]
+            blocks_per_file=1,
+            parallel_agnostic=agnostic,
+        )
+        return ConnectorSettings(
+            base_path=mapper.base_path,
+            agnostic=mapper.rank == 0 and agnostic,
+            block_size=block_size,
+            staging_bytes=_int(extra, "staging_bytes", 64 << 20, 1, 1 << 40),
+            copy_threads=_int(extra, "copy_threads", 2, 1, 256),
+            io_threads=_int(extra, "io_threads", 4, 1, 256),
+            lookup_concurrency=_int(extra, "lookup_concurrency", 4, 1, 4096),
+            lookup_timeout=_seconds(extra, "lookup_timeout", 2.0, True),
+            shutdown_grace=_seconds(extra, "shutdown_grace", 2.0, False) or 0.0,
+            stale_temp_age=_seconds(extra, "stale_temp_age", 600.0, True),
+            blocking_save=blocking,
+            world_size=world,
+            run_config=mapper.get_run_config(),
+        )
+
+    def rank_dir(self, rank: int) -> str:
+        return f"{self.base_path}_r{0 if self.agnostic else rank}"
+
+    def write_run_config(self) -> None:
+        """The run's settings next to its blocks, as vLLM's fs tier writes
+        them (either may create the file)."""
+        path = os.path.join(self.base_path, "config.json")
+        os.makedirs(self.base_path, exist_ok=True)
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.run_config, f, indent=2, sort_keys=True)
+            os.replace(tmp, path)
+
+
+@dataclass
+class StorageConnectorMetadata(KVConnectorMetadata):
+    """One step, from the scheduler to every worker: the step in kvtier's
+    wire form (sequence number, requests dumping, preempted, finished), the
+    dumps and the loads as ``(req_id, keys, engine_blocks)``, and the
+    requests whose finish vLLM did not announce (fenced like a preemption,
+    never reported)."""
+
+    step: bytes
+    saves: list[tuple[str, list[bytes], list[int]]] = field(default_factory=list)
+    loads: list[tuple[str, list[bytes], list[int]]] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StorageWorkerMetadata(KVConnectorWorkerMetadata):
+    """From the workers to the scheduler, each step: every worker's
+    ``WorkerReport`` (wire form) and the keys of blocks that failed to load.
+    vLLM folds the workers' metadata together with ``aggregate``."""
+
+    reports: list[bytes] = field(default_factory=list)
+    failed_keys: list[bytes] = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, StorageWorkerMetadata)
+        return StorageWorkerMetadata(
+            reports=self.reports + other.reports, failed_keys=self.failed_keys + other.failed_keys
+        )
