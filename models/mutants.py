@@ -12,6 +12,7 @@ fails.
     python3 models/mutants.py --anchors  # only check that every mutation applies
     python3 models/mutants.py P          # the Python package's (not in the default run)
     python3 models/mutants.py N          # vLLM's tier (needs python/integration/vllm.sh's venv)
+    python3 models/mutants.py K          # kvtier's vLLM connector (the same venv)
     python3 models/mutants.py --record   # as the default run, then record it (below)
     python3 models/mutants.py --ci       # what CI runs: changed since the record, and a sample
     python3 models/mutants.py --check-selection  # the CI rule cannot skip a changed guard
@@ -80,15 +81,24 @@ VLLM_VENV = os.environ.get("KVTIER_VLLM_VENV", os.path.join(ROOT, "target", "vll
 VLLM_TESTS = os.path.join(os.environ.get("KVTIER_VLLM_WORK", os.path.join(ROOT, "target", "vllm-work")), "tests")
 
 
+VLLM_WORK = os.environ.get("KVTIER_VLLM_WORK", os.path.join(ROOT, "target", "vllm-work"))
+
+
 def in_vllm(mode, test_file, test):
     py = os.path.join(VLLM_VENV, "bin", "python")
-    if mode == "own":
+    env = ""
+    if mode in ("own", "connector"):
         where, plugin, path = "python/integration", "", "$tree/python:$tree/python/integration"
+        if mode == "connector":
+            # The connector's tests drive vLLM's scheduler through the sdist's
+            # helpers and an offline stand-in model config (vllm.sh makes both).
+            env = (f"KVTIER_VLLM_SDIST={os.path.join(VLLM_WORK, 'sdist')} "
+                   f"HF_HOME={os.path.join(VLLM_WORK, 'hf')} HF_HUB_OFFLINE=1 ")
     else:
         where, plugin, path = VLLM_TESTS, "-p kvtier_vllm_plugin", "$tree/python:$tree/python/integration"
     return ["bash", "-c",
             f"tree=$PWD && cp \"$({py} -c 'import kvtier._native as n; print(n.__file__)')\" python/kvtier/ "
-            f"&& cd {where} && KVTIER_VLLM_MODE={mode} PYTHONPATH={path} "
+            f"&& cd {where} && KVTIER_VLLM_MODE={mode} {env}PYTHONPATH={path} "
             f"{py} -m pytest -x -q -p no:cacheprovider {plugin} {test_file} -k {test}"]
 
 
@@ -144,6 +154,9 @@ SUITES = {
         "vLLM's tests, native": (in_vllm("native", "test_fs_tier.py", "test"), {}),
         "vLLM's tests, python": (in_vllm("python", "test_async_lookup.py", "test"), {}),
         "kvtier in vLLM": (in_vllm("own", "test_kvtier_in_vllm.py", "test"), {}),
+    },
+    "K": {
+        "connector through vLLM's scheduler": (in_vllm("connector", "test_connector_in_vllm.py", "test"), {}),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -1320,6 +1333,67 @@ MUTATIONS = [
         [("    if not isinstance(root_dir, (str, os.PathLike)):", "    if False:")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_a_bad_root_dir_is_a_configuration_error"),
     ),
+    Mutation(
+        "K1-a-request-with-recorded-dumps-delays-its-free",
+        "the connector's request_finished answers False for a request whose dumps are recorded: vLLM frees "
+        "its blocks under the running dump (and a worker's later report names a request vLLM forgot)",
+        [("        delay = self.saves.request_finished(req_id)",
+          "        self.saves.request_finished(req_id)\n        delay = False")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_finished_request_keeps_its_blocks_until"),
+    ),
+    Mutation(
+        "K2-an-unanswered-lookup-retries",
+        "get_num_new_matched_tokens answers the hits so far while the tier is still being probed: a "
+        "request computes blocks the tier holds",
+        [("        if leading < len(keys) and verdicts[leading] is None:", "        if False:")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_restart_hits_load_the_dumped_bytes"),
+    ),
+    Mutation(
+        "K3-preempted-requests-are-fenced",
+        "preemptions are not passed on to the workers: no fence, the preempted blocks are reused under "
+        "their dumps",
+        [("            self.saves.preempt(preempted)", "            pass")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_preemption_waits_for_its_own_dumps_only"),
+    ),
+    Mutation(
+        "K4-failed-loads-are-reported",
+        "blocks that failed to load are not reported to vLLM: it runs the request on blocks never loaded",
+        [("                self._load_errors.update(result.failed_blocks)", "                pass")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_failed_load_is_recomputed"),
+    ),
+    Mutation(
+        "K5-blocking-save-waits-for-its-dumps",
+        "blocking_save is ignored: wait_for_save returns with its dumps in flight",
+        [("        self.blocking = settings.blocking_save", "        self.blocking = False")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_blocking_save_returns_with_its_dumps_done"),
+    ),
+    Mutation(
+        "K6-unannounced-finishes-are-not-reported",
+        "a request vLLM finished without telling the connector is reported in finished_sending: vLLM "
+        "meets an id it no longer knows",
+        [("        gone = finished & self._forgotten", "        gone = set()")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_wrapper_that_drops_request_finished"),
+    ),
+    Mutation(
+        "K7-settings-are-checked",
+        "the connector's int settings are taken unchecked: staging_bytes=0, io_threads=True pass",
+        [("    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:",
+          "    if False:")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_bad_settings_are_config_errors"),
+    ),
+    Mutation(
+        "K8-unannounced-finishes-are-fenced",
+        "a finish vLLM did not announce is not fenced: the blocks vLLM handed on are written under the "
+        "dump, whose file gets another request's bytes",
+        [("                self.saves.preempt([req_id])", "                pass")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_wrapper_that_drops_request_finished"),
+    ),
+    Mutation(
+        "K9-recomputed-blocks-are-dumped-again",
+        "blocks recomputed after a failed load are taken as dumped: their files stay missing",
+        [("            if index is not None and req.saved is not None:", "            if False:")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_failed_load_is_recomputed"),
+    ),
 ]
 
 
@@ -1769,8 +1843,8 @@ def main():
         selected = [m for m in MUTATIONS if m.id in exact]
     if not prefixes:
         # Each P mutant rebuilds the extension module, and each N mutant
-        # needs vLLM's venv (python/integration/vllm.sh): asked for by name only.
-        selected = [m for m in selected if not m.id.startswith(("P", "N"))]
+        # and K mutant needs vLLM's venv (python/integration/vllm.sh): asked for by name only.
+        selected = [m for m in selected if not m.id.startswith(("P", "N", "K"))]
     if not selected:
         sys.exit(f"no mutation id starts with {prefixes}")
     if any(m.id.startswith("P") for m in selected):

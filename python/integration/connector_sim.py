@@ -58,9 +58,12 @@ BLOCK = 16
 MODULE = "kvtier.vllm.connector"
 
 
-def connector_config(root: str, *, multi: Optional[str] = None, workers: int = 1, **extra: Any):
+def connector_config(
+    root: str, *, multi: Optional[str] = None, workers: int = 1, failure_policy: str = "recompute", **extra: Any
+):
     """vLLM's config for kvtier's connector alone, or under MultiConnector
-    next to another connector (``multi``: ``"offloading"`` or ``"example"``)."""
+    next to another connector (``multi``: ``"offloading"`` or ``"example"``);
+    failed loads are recomputed unless ``failure_policy="fail"``."""
     ours = {"root_dir": root, **extra}
     if multi is None:
         config = create_vllm_config(
@@ -71,6 +74,7 @@ def connector_config(root: str, *, multi: Optional[str] = None, workers: int = 1
             dtype="float32",
             kv_connector_extra_config=ours,
             max_num_batched_tokens=256,
+            kv_load_failure_policy=failure_policy,
         )
     else:
         other: dict[str, Any]
@@ -96,6 +100,7 @@ def connector_config(root: str, *, multi: Optional[str] = None, workers: int = 1
             block_size=BLOCK,
             dtype="float32",
             max_num_batched_tokens=256,
+            kv_load_failure_policy=failure_policy,
             kv_connector_extra_config={
                 "connectors": [
                     {

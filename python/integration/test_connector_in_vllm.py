@@ -232,6 +232,45 @@ def test_two_workers_reporting_at_different_steps(root: str) -> None:
     cluster.shutdown()
 
 
+def test_a_failed_load_is_recomputed_and_its_lookups_miss(root: str) -> None:
+    first = Cluster(connector_config(root))
+    request = first.add(_request())
+    _prefill(first, request)
+    _settle(first)
+    keys = first.keys_of(request, 6)
+    damaged = first.key_file(keys[3])
+    first.shutdown()
+    # The fourth block's file is cut short: it cannot be loaded.
+    with open(damaged, "r+b") as f:
+        f.truncate(10)
+    again = Cluster(connector_config(root))
+    twin = again.add(_request(request_id=int(request.request_id.split("-")[1])))
+    _prefill(again, twin)
+    stats = again.worker().stats()
+    # Three blocks loaded; the damaged one and those after it failed.
+    assert (stats["loaded_blocks"], stats["load_failed_blocks"]) == (3, 3)
+    # vLLM took the failed blocks back and recomputes from the fourth.
+    assert twin.num_computed_tokens <= 3 * 16 + 16
+    assert again.connector.stats()["load_failed_keys"] == 3
+    lookup = again.connector._scheduler.lookup
+    assert lookup.lookup(keys[2], twin.request_id) is True
+    _settle(again)
+    # The recomputed block was dumped again, whole.
+    assert again.check_files(keys) == {"present": 6, "absent": 0, "wrong": 0}
+    again.shutdown()
+
+
+def test_a_blocking_save_returns_with_its_dumps_done(root: str) -> None:
+    cluster = Cluster(connector_config(root, blocking_save=True))
+    request = cluster.add(_request())
+    _prefill(cluster, request)
+    # wait_for_save waited: nothing in flight, every block on disk already.
+    assert cluster.engine().in_flight() == 0
+    assert cluster.check_files(cluster.keys_of(request, 6)) == {"present": 6, "absent": 0, "wrong": 0}
+    _settle(cluster)
+    cluster.shutdown()
+
+
 class _DroppingMultiConnector(MultiConnector):
     """The seed's bug: a wrapper that does not forward ``request_finished``
     to kvtier's connector."""

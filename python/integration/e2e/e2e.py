@@ -22,6 +22,9 @@ and once with vLLM's own fs tier (the control). What it checks:
   the outputs match, and nothing crashes;
 - preemption and aborts: a KV cache too small for the batch preempts
   requests and some are aborted mid-flight; the survivors' outputs match;
+- kvtier's KV connector, alone and under MultiConnector: deferred dumps
+  under preemption and aborts, restart hits, SIGKILL mid-dump, the bytes
+  of a blocking save, vLLM's fs tier reading its files (``e2e_connector.py``);
 - every clean run: no ``Traceback`` or ``BufferError`` in any engine
   process's output (vLLM's own chat-template warmup warning, which every
   engine started with ``skip_tokenizer_init`` prints, is the one record
@@ -49,7 +52,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt")
+SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector")
 #: Tokens per prompt: 18 blocks of 32.
 PROMPT_TOKENS = 576
 PROMPTS = 6
@@ -454,6 +457,20 @@ def main() -> int:
                     harness.damage(tier, roots[tier])
                 else:
                     getattr(harness, scenario)(tier)
+        if "connector" in scenarios:
+            # The connector's scenarios share this module's checks (as
+            # `e2e`, this very module, not a second copy of it).
+            sys.modules.setdefault("e2e", sys.modules[__name__])
+            import e2e_connector
+
+            deferred = {}
+            for mode in ("alone", "multi"):
+                print(f"connector: {mode}, under pressure, then a restart", flush=True)
+                deferred[mode] = e2e_connector.pressure(harness, mode)
+                print(f"connector: {mode}, SIGKILL mid-dump, then a restart", flush=True)
+                e2e_connector.killed(harness, mode)
+            print("connector: a blocking save's bytes; vLLM's fs tier reads the files", flush=True)
+            e2e_connector.blocking_and_cross(harness, deferred["alone"])
     except CheckFailed as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1

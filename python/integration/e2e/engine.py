@@ -9,7 +9,8 @@ offloading; writes what came out (tokens, logprobs, vLLM's metrics) as JSON.
 
 SETTINGS holds ``model``, ``prompts`` (token ids), ``max_tokens``, ``tier``
 (``"kvtier"``, ``"vllm"``, ``"both"`` with ``roots`` for each, or ``null``),
-``root``, and optionally
+``root``, and optionally ``connector`` (kvtier's KV connector instead of
+tiering, on ``root``; see ``connector_config``),
 ``kv_space_gib``, ``cpu_bytes``, ``max_num_seqs``, ``num_gpu_blocks`` (a
 KV cache of that many blocks), ``warmup`` (token ids run once before the
 timed prompts), ``model_len``, ``load_format``, ``tier_options`` (more
@@ -64,6 +65,45 @@ def transfer_config(settings: dict):
     return KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 
+def connector_config(settings: dict):
+    """kvtier's connector (``connector``: ``{"mode": "alone" | "multi",
+    "dump_delay": s, "blocking": bool, "options": {...}}``), alone or under
+    MultiConnector next to vLLM's OffloadingConnector (CPU offloading
+    through ``CpuTieringSpec``, no secondary tier)."""
+    from vllm.config import KVTransferConfig
+
+    connector = settings["connector"]
+    ours = {
+        "kv_connector": "SlowStorageConnector" if connector.get("dump_delay") else "StorageConnector",
+        "kv_connector_module_path": "slow_tier" if connector.get("dump_delay") else "kvtier.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "root_dir": settings["root"],
+            "blocking_save": bool(connector.get("blocking")),
+            **connector.get("options", {}),
+        },
+    }
+    if connector.get("dump_delay"):
+        os.environ["KVTIER_E2E_DUMP_DELAY"] = str(connector["dump_delay"])
+    if connector["mode"] == "alone":
+        return KVTransferConfig(kv_load_failure_policy="recompute", **ours)
+    offloading = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "CpuTieringSpec",
+            "spec_module_path": "kvtier.vllm.cpu",
+            "cpu_bytes_to_use": settings.get("cpu_bytes", 64 << 20),
+        },
+    }
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"connectors": [ours, offloading]},
+    )
+
+
 def metrics(llm) -> dict:
     """vLLM's counters that say where prompt tokens came from."""
     wanted = {
@@ -95,7 +135,9 @@ def main() -> None:
         kwargs["load_format"] = settings["load_format"]
     if settings.get("num_gpu_blocks"):
         kwargs["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
-    if settings["tier"]:
+    if settings.get("connector"):
+        kwargs["kv_transfer_config"] = connector_config(settings)
+    elif settings["tier"]:
         kwargs["kv_transfer_config"] = transfer_config(settings)
     llm = LLM(
         model=settings["model"],

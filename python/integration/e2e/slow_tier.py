@@ -1,6 +1,7 @@
 """Secondary tiers whose stores are slow, for the harness's crash scenario:
 store jobs reach the tier one every ``store_delay`` seconds, in order, so
-an engine killed mid-run has stores in flight.
+an engine killed mid-run has stores in flight. And kvtier's connector with
+slow dumps (``SlowStorageConnector``), for the connector's scenarios.
 
 The delay runs beside the tier, not inside it: the wrapped tier's calls all
 stay on the scheduler's thread (a lock hands the delayed submissions over
@@ -10,12 +11,14 @@ at the next scheduler call), as vLLM's contract has them.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
 from kvtier.vllm import FsTier
+from kvtier.vllm.connector import StorageConnector
 
 
 class _SlowStores:
@@ -63,3 +66,29 @@ class SlowStoreFsTier(_SlowStores, FsTier):
 
 class SlowStoreVllmFsTier(_SlowStores, FileSystemTierManager):
     """vLLM's fs tier with slow stores."""
+
+
+class SlowStorageConnector(StorageConnector):
+    """kvtier's connector whose dumps trickle: the n-th dump of a worker
+    starts no earlier than n x ``KVTIER_E2E_DUMP_DELAY`` seconds after the
+    first dump came (an environment variable the engine's processes
+    inherit), so an engine has dumps in flight across steps: requests
+    finish, are preempted or aborted, or the engine is killed, while dumps
+    still hold their blocks. The delay is the dump engine's hold, a queue
+    the dumps wait in; nothing else of the connector changes."""
+
+    def register_kv_caches(self, kv_caches) -> None:
+        super().register_kv_caches(kv_caches)
+        delay = float(os.environ.get("KVTIER_E2E_DUMP_DELAY", "0"))
+        engine = self._worker.engine if self._worker is not None else None
+        if delay > 0 and engine is not None:
+            start: list = []
+            order: dict = {}
+
+            def held(dump) -> bool:
+                if not start:
+                    start.append(time.monotonic())
+                n = order.setdefault(dump.job, len(order) + 1)
+                return time.monotonic() < start[0] + n * delay
+
+            engine.hold(held)

@@ -26,7 +26,7 @@ logger = logging.getLogger("kvtier.vllm")
 class _Req:
     """What the scheduler side knows of a live request."""
 
-    __slots__ = ("request", "saved", "blocks", "pending_load")
+    __slots__ = ("request", "saved", "blocks", "pending_load", "loaded")
 
     def __init__(self, request: "Request") -> None:
         self.request = request
@@ -36,6 +36,8 @@ class _Req:
         self.blocks: list[int] = []
         # (first block, keys of the leading hits) from the last lookup.
         self.pending_load: Optional[tuple[int, list[bytes]]] = None
+        # The keys of the blocks loaded for it, and their block indices.
+        self.loaded: dict[bytes, int] = {}
 
 
 class SchedulerSide:
@@ -54,6 +56,8 @@ class SchedulerSide:
         self.aggregator = ReportAggregator(workers)
         self._reqs: dict[str, _Req] = {}
         self._loads: list[tuple[str, list[bytes], list[int]]] = []
+        # Loaded keys -> the request they were loaded for (while it lives).
+        self._loaded_by: dict[bytes, str] = {}
         # Requests whose free waits for the workers' reports.
         self._delayed: set[str] = set()
         # Requests vLLM finished without telling the connector.
@@ -119,11 +123,15 @@ class SchedulerSide:
         if count and len(engine) == count:
             self._loads.append((request.request_id, keys[:count], engine))
             self.counters["blocks_loaded"] += count
+            for i, key in enumerate(keys[:count]):
+                req.loaded[key] = first + i
+                self._loaded_by[key] = request.request_id
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> StorageConnectorMetadata:
         forget = self._unannounced(scheduler_output.finished_req_ids)
         preempted = list(scheduler_output.preempted_req_ids or ())
         if preempted:
+            # guard: K3-preempted-requests-are-fenced
             self.saves.preempt(preempted)
             for req_id in preempted:
                 req = self._reqs.get(req_id)
@@ -147,6 +155,7 @@ class SchedulerSide:
             req = self._reqs.pop(req_id, None)
             if req is None:
                 continue
+            self._forget(req)
             self.lookup.cleanup(req_id)
             if self.saves.is_delayed(req_id):
                 self.counters["unannounced_finishes"] += 1
@@ -155,6 +164,7 @@ class SchedulerSide:
                     "connector (a wrapper that does not forward it?); its dumps are fenced now",
                     req_id,
                 )
+                # guard: K8-unannounced-finishes-are-fenced
                 self.saves.preempt([req_id])
                 self.saves.request_finished(req_id)
                 # The workers report it (and drop it from finished_sending):
@@ -200,11 +210,30 @@ class SchedulerSide:
                 req.saved = full
         return saves
 
+    def _forget(self, req: Optional[_Req]) -> None:
+        if req is not None:
+            for key in req.loaded:
+                self._loaded_by.pop(key, None)
+
+    def _failed_loads(self, keys: list[bytes]) -> None:
+        """Blocks that failed to load are recomputed by vLLM: their lookups
+        miss from now on, and they are dumped again once recomputed."""
+        self.counters["load_failed_keys"] += len(keys)
+        self.lookup.mark_miss(keys)
+        for key in keys:
+            req = self._reqs.get(self._loaded_by.pop(key, ""))
+            if req is None:
+                continue
+            index = req.loaded.pop(key, None)
+            # guard: K9-recomputed-blocks-are-dumped-again
+            if index is not None and req.saved is not None:
+                req.saved = min(req.saved, index)
+
     def request_finished(self, request: "Request") -> tuple[bool, Optional[dict[str, Any]]]:
         """True when dumps of the request were recorded: its blocks stay
         until every worker reported it in ``finished_sending``."""
         req_id = request.request_id
-        self._reqs.pop(req_id, None)
+        self._forget(self._reqs.pop(req_id, None))
         self.lookup.cleanup(req_id)
         # guard: K1-a-request-with-recorded-dumps-delays-its-free
         delay = self.saves.request_finished(req_id)
@@ -221,8 +250,7 @@ class SchedulerSide:
         freed: set[str] = set()
         if isinstance(meta, StorageWorkerMetadata):
             if meta.failed_keys:
-                self.counters["load_failed_keys"] += len(meta.failed_keys)
-                self.lookup.mark_miss(meta.failed_keys)
+                self._failed_loads(meta.failed_keys)
             for data in meta.reports:
                 free, refused = self.aggregator.accept(WorkerReport.decode(data))
                 freed.update(free)

@@ -75,7 +75,6 @@ class WorkerSide:
             return
         self._forgotten.update(meta.forget)
         self._poll()
-        # guard: K3-preemption-fence-before-the-step
         self.tracker.begin_step(step)
         self._step, self._begun = step, step.step
 

@@ -1,0 +1,181 @@
+"""The end-to-end harness's scenarios for kvtier's KV connector
+(``kvtier.vllm.StorageConnector``), alone and under vLLM's MultiConnector
+next to OffloadingConnector (CPU offloading through ``CpuTieringSpec``).
+For each of the two setups:
+
+- deferred dumps under pressure: a KV cache that preempts, two prompts
+  aborted mid-flight, dumps trickling (each waits its turn), so requests
+  finish, are preempted and aborted while dumps hold their blocks; the
+  survivors' outputs equal the run without a connector, every prompt
+  block is in a file of a block's size, the engine exits cleanly;
+- restart: a fresh engine on those files loads every prompt block but
+  each prompt's last (vLLM computes at least the last token) and gives the
+  outputs of the run without a connector;
+- SIGKILL mid-dump: an engine killed while dumps are queued and being
+  written leaves no partial block; the next engine (sweeping the dead
+  writer's temporary files) gives the same outputs.
+
+Once, with the connector alone:
+
+- no block overwritten while it was dumped: a connector whose
+  ``wait_for_save`` waits for its dumps (vLLM's synchronous reference)
+  writes the same prompt blocks, at the same paths, as the deferred run
+  under pressure did (equal up to the CPU kernels' run-to-run rounding; a
+  block overwritten by another request would differ wholesale);
+- vLLM's own fs tier, through tiering, serves a fresh engine every prompt
+  block from the connector's directory: the same layout and format.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from e2e import (
+    BLOCK_BYTES,
+    PREEMPT_BLOCKS,
+    PREEMPT_TOKENS,
+    PROMPT_TOKENS,
+    PROMPTS,
+    block_files,
+    check,
+    kv_drift,
+    rank_dir,
+    tail,
+    temp_files,
+    wait_for_group,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from e2e import Harness
+
+#: Prompt blocks: 18 per prompt, each dumped once it is full.
+PROMPT_BLOCKS = PROMPTS * PROMPT_TOKENS // 32
+#: Seconds between two dumps' starts in the pressure run, and in the run
+#: that is killed (long enough that most dumps are still queued).
+TRICKLE, KILL_TRICKLE = 0.05, 2.0
+
+
+def _connector(mode: str, **extra) -> dict:
+    return {"mode": mode, **extra}
+
+
+def _from_connector(name: str, result: dict) -> None:
+    """Every prompt block but the last of each prompt came from the
+    connector (vLLM computes a prompt's last token itself)."""
+    m = result["metrics"]
+    computed = m.get("vllm:prompt_tokens_by_source{source=local_compute}")
+    loaded = m.get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
+    check(
+        loaded == PROMPTS * (PROMPT_TOKENS - 32) and computed == PROMPTS * 32,
+        f"{name}: {computed} prompt tokens computed and {loaded} loaded: {m}",
+    )
+
+
+def pressure(h: "Harness", mode: str) -> "Path":
+    root = h.work / f"connector-{mode}"
+    shutil.rmtree(root, ignore_errors=True)
+    aborted = {1, 4}
+    settings = h.settings(
+        None,
+        root,
+        connector=_connector(mode, dump_delay=TRICKLE),
+        num_gpu_blocks=PREEMPT_BLOCKS,
+        abort=sorted(aborted),
+    )
+    settings["max_tokens"] = PREEMPT_TOKENS
+    result = h.run(f"connector-{mode}-pressure", settings)
+    preemptions = result["metrics"].get("vllm:num_preemptions", 0)
+    check(preemptions > 0, f"connector {mode}: no request was preempted")
+    survivors = set(range(PROMPTS)) - aborted
+    check(
+        set(result["outputs"]) == {str(i) for i in survivors},
+        f"connector {mode}: outputs for {sorted(result['outputs'])}",
+    )
+    h.same_outputs(f"connector {mode} (pressure)", result["outputs"], only=survivors)
+    blocks = block_files(root)
+    # Prompt blocks, and the survivors' first generated block.
+    check(len(blocks) >= PROMPT_BLOCKS, f"connector {mode}: {len(blocks)} blocks dumped")
+    check(all(p.stat().st_size == BLOCK_BYTES for p in blocks), f"connector {mode}: blocks of another size")
+    restart = h.run(f"connector-{mode}-restart", h.settings(None, root, connector=_connector(mode)))
+    _from_connector(f"connector {mode} (restart)", restart)
+    h.same_outputs(f"connector {mode} (restart)", restart["outputs"])
+    h.notes.append(
+        f"connector {mode}: {preemptions} preemptions and {len(aborted)} aborts with dumps trickling, "
+        f"{len(blocks)} blocks dumped; the restart loaded every prompt block but each prompt's last"
+    )
+    return root
+
+
+def killed(h: "Harness", mode: str) -> None:
+    root = h.work / f"connector-{mode}-killed"
+    shutil.rmtree(root, ignore_errors=True)
+    shm_before = set(glob.glob("/dev/shm/*"))
+    settings = h.settings(None, root, connector=_connector(mode, dump_delay=KILL_TRICKLE), linger=300)
+    process, run_dir = h.start(f"connector-{mode}-killed-1", settings)
+    deadline = time.monotonic() + 600
+    while len(block_files(root)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    check(
+        process.poll() is None and bool(block_files(root)),
+        f"connector {mode} kill: nothing dumped while it ran\n{tail((run_dir / 'engine.log').read_text())}",
+    )
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    wait_for_group(process.pid, timeout=120)
+    for left in set(glob.glob("/dev/shm/*")) - shm_before:
+        os.unlink(left)
+    stored = block_files(root)
+    partial = [p for p in stored if p.stat().st_size != BLOCK_BYTES]
+    check(not partial, f"connector {mode} kill: partial blocks under a block's name: {partial}")
+    check(len(stored) < PROMPT_BLOCKS, f"connector {mode} kill: every dump finished before the kill")
+    # What a writer killed mid-write leaves: a temporary file beside a block.
+    leftover = rank_dir(root) / "abc" / "de_g0" / f"abcde{'0' * 59}.bin_{os.getpid()}.tmp"
+    leftover.parent.mkdir(parents=True, exist_ok=True)
+    leftover.write_bytes(b"\0" * (BLOCK_BYTES // 2))
+    second = h.run(
+        f"connector-{mode}-killed-2",
+        h.settings(None, root, connector=_connector(mode, options={"stale_temp_age": 0})),
+    )
+    h.same_outputs(f"connector {mode} kill (restart)", second["outputs"])
+    loaded = second["metrics"].get("vllm:prompt_tokens_by_source{source=external_kv_transfer}", 0)
+    check(loaded > 0, f"connector {mode} kill: the restart loaded nothing")
+    check(all(p.stat().st_size == BLOCK_BYTES for p in block_files(root)), f"connector {mode}: a partial block")
+    check(not temp_files(root), f"connector {mode} kill: temporary files not swept: {temp_files(root)}")
+    h.notes.append(
+        f"connector {mode} kill: {len(stored)} of {PROMPT_BLOCKS} blocks dumped before the SIGKILL, none partial; "
+        f"the restart loaded {loaded} prompt tokens"
+    )
+
+
+def blocking_and_cross(h: "Harness", deferred: "Path") -> None:
+    """Deferred dumps write what a blocking save writes; vLLM's fs tier
+    reads the connector's files."""
+    root = h.work / "connector-blocking"
+    shutil.rmtree(root, ignore_errors=True)
+    result = h.run("connector-blocking", h.settings(None, root, connector=_connector("alone", blocking=True)))
+    h.same_outputs("connector blocking", result["outputs"])
+    reference = {p.relative_to(root): p for p in block_files(root)}
+    ours = {p.relative_to(deferred): p for p in block_files(deferred)}
+    check(len(reference) == PROMPT_BLOCKS, f"connector blocking: {len(reference)} blocks written")
+    missing = set(reference) - set(ours)
+    check(not missing, f"connector: {len(missing)} blocks the blocking save wrote are not where the deferred run put them")
+    drift = max(kv_drift(reference[p].read_bytes(), ours[p].read_bytes()) for p in reference)
+    check(drift <= 1e-4, f"connector: a deferred dump differs from the blocking save's by {drift}")
+    # vLLM's own fs tier, through tiering, on a copy of the connector's files.
+    copy = h.work / "connector-read-by-vllm"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(deferred, copy)
+    read = h.run("connector-read-by-vllm-fs-tier", h.settings("vllm", copy))
+    h.all_from_tier("vLLM's fs tier on the connector's files", read)
+    h.same_outputs("vLLM's fs tier on the connector's files", read["outputs"])
+    h.notes.append(
+        f"connector: {len(reference)} prompt blocks of the blocking save at the same paths as the deferred "
+        f"run's, largest difference {drift:.1e}; vLLM's fs tier served every prompt token from them"
+    )
