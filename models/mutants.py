@@ -157,6 +157,7 @@ SUITES = {
     },
     "K": {
         "connector through vLLM's scheduler": (in_vllm("connector", "test_connector_in_vllm.py", "test"), {}),
+        "lockstep with the save reference": (in_vllm("connector", "test_connector_lockstep.py", "test"), {}),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),

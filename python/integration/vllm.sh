@@ -193,7 +193,9 @@ own_checks() {
 # MultiConnector's composition, the connector lifecycle, recovery from
 # failed loads), as they are; the MultiConnector file's test that needs the
 # model's weights is left out. Then kvtier's connector through vLLM's real
-# Scheduler, with the sdist's helpers.
+# Scheduler, with the sdist's helpers, and its protocol in lockstep with the
+# save reference model (models/examples/connector_replay.rs, which cargo
+# builds if the workspace's test build has not).
 CONNECTOR_TESTS="test_multi_connector.py test_kv_connector_lifecycle.py test_kv_load_failure_recovery.py
 test_invalid_blocks_correctness.py test_error_propagation.py"
 CONNECTOR_EXPECTED="48 passed, 1 skipped"
@@ -213,7 +215,7 @@ connector_tests() {
         return 1
     fi
     (cd python/integration && HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 KVTIER_VLLM_SDIST="$WORK/sdist" \
-        "$PY" -m pytest -q -p no:cacheprovider test_connector_in_vllm.py) | tail -n 3
+        "$PY" -m pytest -q -p no:cacheprovider test_connector_in_vllm.py test_connector_lockstep.py) | tail -n 3
 }
 
 end_to_end() {

@@ -161,11 +161,12 @@ def main() -> None:
         # first-call costs (kernel selection, allocations).
         llm.generate([TokensPrompt(prompt_token_ids=settings["warmup"])], params, use_tqdm=False)
     started = time.perf_counter()
-    outputs = run(llm, prompts, params, set(settings.get("abort", ())))
+    outputs, steps = run(llm, prompts, params, set(settings.get("abort", ())))
     seconds = time.perf_counter() - started
     result = {
         "outputs": outputs,
         "seconds": seconds,
+        "step_seconds": steps,
         "metrics": metrics(llm),
     }
     json.dump(result, open(sys.argv[2], "w"))
@@ -182,9 +183,10 @@ def main() -> None:
     del llm
 
 
-def run(llm, prompts, params, abort: set) -> dict:
+def run(llm, prompts, params, abort: set) -> tuple:
     """Runs the prompts through the engine step by step; the prompts in
-    ``abort`` are aborted once they have produced a token."""
+    ``abort`` are aborted once they have produced a token. Returns the
+    outputs and each ``engine.step()``'s seconds."""
     engine = llm.llm_engine
     ids = {}
     for i, prompt in enumerate(prompts):
@@ -193,8 +195,12 @@ def run(llm, prompts, params, abort: set) -> dict:
         ids[request_id] = i
     outputs: dict = {}
     aborted: set = set()
+    steps = []
     while engine.has_unfinished_requests():
-        for output in engine.step():
+        started = time.perf_counter()
+        produced = engine.step()
+        steps.append(time.perf_counter() - started)
+        for output in produced:
             i = ids[output.request_id]
             completion = output.outputs[0]
             if i in abort and output.request_id not in aborted and completion.token_ids:
@@ -208,7 +214,7 @@ def run(llm, prompts, params, abort: set) -> dict:
                         step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)
                     ],
                 }
-    return outputs
+    return outputs, steps
 
 
 if __name__ == "__main__":
