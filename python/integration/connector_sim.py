@@ -62,7 +62,9 @@ def connector_config(
     root: str, *, multi: Optional[str] = None, workers: int = 1, failure_policy: str = "recompute", **extra: Any
 ):
     """vLLM's config for kvtier's connector alone, or under MultiConnector
-    next to another connector (``multi``: ``"offloading"`` or ``"example"``);
+    next to OffloadingConnector (``multi="offloading"``: vLLM's HMA path) or
+    next to OffloadingConnector and ExampleConnector, which has no HMA
+    support (``multi="offloading+example"``: the non-HMA path);
     failed loads are recomputed unless ``failure_policy="fail"``."""
     ours = {"root_dir": root, **extra}
     if multi is None:
@@ -77,9 +79,8 @@ def connector_config(
             kv_load_failure_policy=failure_policy,
         )
     else:
-        other: dict[str, Any]
-        if multi == "offloading":
-            other = {
+        others: list[dict[str, Any]] = [
+            {
                 "kv_connector": "OffloadingConnector",
                 "kv_role": "kv_both",
                 "kv_connector_extra_config": {
@@ -88,12 +89,17 @@ def connector_config(
                     "cpu_bytes_to_use": 1 << 20,
                 },
             }
-        else:
-            other = {
-                "kv_connector": "ExampleConnector",
-                "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": os.path.join(root, "example")},
-            }
+        ]
+        if multi == "offloading+example":
+            # A connector without HMA support beside them: MultiConnector
+            # then takes vLLM's non-HMA path (request_finished).
+            others.append(
+                {
+                    "kv_connector": "ExampleConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"shared_storage_path": os.path.join(root, "example")},
+                }
+            )
         config = create_vllm_config(
             kv_connector="MultiConnector",
             kv_role="kv_both",
@@ -109,7 +115,7 @@ def connector_config(
                         "kv_role": "kv_both",
                         "kv_connector_extra_config": ours,
                     },
-                    other,
+                    *others,
                 ]
             },
         )

@@ -318,6 +318,7 @@ class DumpEngine:
             self._transfers = None
         for dump in list(self._active.values()):
             self._end(dump, "the connector shut down before the dump was written")
+        # guard: K10-shutdown-lets-go-of-the-staging-area
         self._staging = None
         return dropped, writes_dropped
 
