@@ -109,6 +109,36 @@ def test_restart_hits_load_the_dumped_bytes(root: str, setup: dict[str, Any]) ->
     again.shutdown()
 
 
+def test_a_prompt_of_whole_blocks_is_loaded_whole_and_computes_its_last_token(root: str) -> None:
+    first = Cluster(connector_config(root))
+    request = first.add(_request(n=96))
+    _prefill(first, request)
+    _settle(first)
+    keys = first.keys_of(request)
+    assert len(keys) == 6
+    first.shutdown()
+
+    again = Cluster(connector_config(root))
+    twin = again.add(_request(n=96, request_id=int(request.request_id.split("-")[1])))
+    for _ in range(100):
+        so = again.step()
+        if twin.request_id in so.num_scheduled_tokens:
+            break
+        time.sleep(0.005)
+    # Every block loaded, the last counted a token short: vLLM computes it.
+    assert so.num_scheduled_tokens[twin.request_id] == 1
+    stats = again.worker().stats()
+    assert (stats["loaded_blocks"], stats["load_failed_blocks"]) == (6, 0)
+    rows = again.caches[0].view(again.num_blocks, -1).view(torch.int8)
+    blocks = again.blocks_of(twin.request_id)
+    for key, block in zip(keys[:5], blocks[:5]):
+        assert bytes(rows[block].numpy().tobytes()) == bytes(_fill(key, again.page).numpy().tobytes())
+    _settle(again)
+    # The loaded blocks are not dumped again.
+    assert again.worker().stats()["dumps"] == 0
+    again.shutdown()
+
+
 def test_a_finished_request_keeps_its_blocks_until_finished_sending(root: str, setup: dict[str, Any]) -> None:
     cluster = Cluster(connector_config(root, **setup), num_blocks=16)
     request = cluster.add(_request(n=100, max_tokens=50))

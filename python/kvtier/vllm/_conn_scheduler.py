@@ -89,12 +89,14 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[Optional[int], bool]:
         """The tokens of the leading blocks the tier holds past the computed
         ones; ``None`` while the tier is being probed (vLLM asks again next
-        step). The prompt's last token is always computed."""
+        step). The prompt's last token is always computed: a hit of the
+        prompt's last full block is loaded whole and counts one token less."""
         req = self._req(request)
         req.pending_load = None
         bs = self.block_size
+        prompt = request.num_prompt_tokens
         first = num_computed_tokens // bs
-        last = min((request.num_prompt_tokens - 1) // bs, len(request.block_hashes))
+        last = min(prompt // bs, len(request.block_hashes))
         if last <= first:
             return 0, False
         keys = [self._key(h) for h in request.block_hashes[first:last]]
@@ -103,11 +105,12 @@ class SchedulerSide:
         if leading < len(keys) and verdicts[leading] is None:
             self.counters["lookups_retried"] += 1
             return None, False
-        if leading == 0:
+        tokens = min((first + leading) * bs, prompt - 1) - num_computed_tokens
+        if tokens <= 0:
             return 0, False
         req.pending_load = (first, keys[:leading])
         self.counters["blocks_hit"] += leading
-        return leading * bs, False
+        return tokens, False
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
         req = self._reqs.get(request.request_id)
@@ -117,12 +120,19 @@ class SchedulerSide:
         if num_external_tokens <= 0 or pending is None:
             return
         first, keys = pending
-        count = min(num_external_tokens // self.block_size, len(keys))
+        bs = self.block_size
+        # The external tokens start at block `first` (vLLM asked with a
+        # block-aligned count). Every block holding one of them is loaded
+        # whole: the last may count a token short (vLLM computes that one).
+        count = min(-(-num_external_tokens // bs), len(keys))
         block_ids = blocks.get_block_ids()[0]
         engine = [int(b) for b in block_ids[first : first + count]]
         if count and len(engine) == count:
             self._loads.append((request.request_id, keys[:count], engine))
             self.counters["blocks_loaded"] += count
+            if req.saved is None:
+                # Loaded blocks are on disk already: never dumped again.
+                req.saved = first + count
             for i, key in enumerate(keys[:count]):
                 req.loaded[key] = first + i
                 self._loaded_by[key] = request.request_id

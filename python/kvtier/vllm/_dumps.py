@@ -257,20 +257,27 @@ class DumpEngine:
             raise ValueError("a load takes one key per block")
         loaded = 0
         self.stats["loads"] += 1
-        while loaded < len(keys) and self._copier is not None:
-            batch = min(len(keys) - loaded, len(self._load_free))
-            ok = self._load_batch(keys[loaded : loaded + batch], blocks[loaded : loaded + batch])
-            loaded += ok
-            if ok < batch:
-                break
+        # The load runs within this call, and no dump starts meanwhile (only
+        # pump() starts them): it borrows the dump slots that are free.
+        borrowed, self._free = self._free, []
+        slots = self._load_free + borrowed
+        try:
+            while loaded < len(keys) and self._copier is not None:
+                batch = min(len(keys) - loaded, len(slots))
+                ok = self._load_batch(keys[loaded : loaded + batch], blocks[loaded : loaded + batch], slots)
+                loaded += ok
+                if ok < batch:
+                    break
+        finally:
+            self._free.extend(borrowed)
         self.stats["loaded_blocks"] += loaded
         self.stats["load_failed_blocks"] += len(keys) - loaded
         return LoadResult(loaded, [int(b) for b in blocks[loaded:]], list(keys[loaded:]))
 
-    def _load_batch(self, keys: list[bytes], blocks: list[int]) -> int:
+    def _load_batch(self, keys: list[bytes], blocks: list[int], slots: list[int]) -> int:
         copier, transfers = self._copier, self._transfers
         assert copier is not None and transfers is not None
-        slots = self._load_free[: len(keys)]
+        slots = slots[: len(keys)]
         job = self._take_job()
         transfers.submit_load(job, keys, slots)
         done = None
