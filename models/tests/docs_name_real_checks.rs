@@ -60,7 +60,7 @@ fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
     matches!(
         chars.next(),
-        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H')
+        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H' | 'K')
     ) && span[1..].split_once('-').is_some_and(|(number, rest)| {
         !number.is_empty()
             && number.bytes().all(|b| b.is_ascii_digit())
@@ -71,13 +71,14 @@ fn is_mutation_id(span: &str) -> bool {
     })
 }
 
-/// vLLM's tier test files (python/integration/vllm.sh takes them from
-/// vLLM's sdist); the docs name their tests as `<file>::<test>`.
-const VLLM_TEST_FILES: [&str; 4] = [
+/// vLLM's tier and connector test files (python/integration/vllm.sh takes
+/// them from vLLM's sdist); the docs name their tests as `<file>::<test>`.
+const VLLM_TEST_FILES: [&str; 5] = [
     "test_async_lookup.py",
     "test_fs_tier.py",
     "test_tiering_offloading.py",
     "test_obj_tier.py",
+    "test_multi_connector.py",
 ];
 
 #[test]

@@ -150,15 +150,18 @@ JSON
 }
 
 # The docs name vLLM's tests as `<file>::<test>` (models/tests/
-# docs_name_real_checks.rs leaves those to this script): each must exist.
+# docs_name_real_checks.rs leaves those to this script): each must exist,
+# among the tier tests or the connector tests.
 docs_name_vllm_tests() {
-    "$PY" - "$WORK/tests" docs/design.md docs/verification.md docs/performance.md README.md <<'EOF'
+    "$PY" - "$WORK/tests" "$WORK/sdist/tests/v1/kv_connector/unit" \
+        docs/design.md docs/verification.md docs/performance.md README.md <<'EOF'
 import os, re, sys
-tests, docs = sys.argv[1], sys.argv[2:]
+dirs, docs = sys.argv[1:3], sys.argv[3:]
 named = {m for doc in docs for m in re.findall(r"`(test_\w+\.py)::(\w+)`", open(doc).read())}
-files = set(os.listdir(tests))
+paths = {name: os.path.join(d, name) for d in dirs for name in os.listdir(d) if name.endswith(".py")}
+files = set(paths)
 missing = [f"{f}::{t}" for f, t in sorted(named)
-           if f in files and not re.search(rf"^\s*(async )?def {t}\(", open(os.path.join(tests, f)).read(), re.M)]
+           if f in files and not re.search(rf"^\s*(async )?def {t}\(", open(paths[f]).read(), re.M)]
 assert any(f in files for f, _ in named), "the docs name none of vLLM's tests: is the scan broken?"
 assert not missing, f"the docs name vLLM tests that do not exist: {missing}"
 print(f"the docs name {sum(f in files for f, _ in named)} of vLLM's tests; each exists")

@@ -69,10 +69,11 @@ class SlowStoreVllmFsTier(_SlowStores, FileSystemTierManager):
 
 
 class SlowStorageConnector(StorageConnector):
-    """kvtier's connector whose dumps trickle: the n-th dump of a worker
-    starts no earlier than n x ``KVTIER_E2E_DUMP_DELAY`` seconds after the
-    first dump came (an environment variable the engine's processes
-    inherit), so an engine has dumps in flight across steps: requests
+    """kvtier's connector on an emulated slow storage that takes
+    ``KVTIER_E2E_DUMP_DELAY`` seconds a dump, one dump at a time (an
+    environment variable the engine's processes inherit): a dump may start
+    only once the storage is done with the one before it and its own time
+    has passed, so an engine has dumps in flight across steps: requests
     finish, are preempted or aborted, or the engine is killed, while dumps
     still hold their blocks. The delay is the dump engine's hold, a queue
     the dumps wait in; nothing else of the connector changes."""
@@ -82,13 +83,14 @@ class SlowStorageConnector(StorageConnector):
         delay = float(os.environ.get("KVTIER_E2E_DUMP_DELAY", "0"))
         engine = self._worker.engine if self._worker is not None else None
         if delay > 0 and engine is not None:
-            start: list = []
-            order: dict = {}
+            free_at = [0.0]
+            release: dict = {}
 
             def held(dump) -> bool:
-                if not start:
-                    start.append(time.monotonic())
-                n = order.setdefault(dump.job, len(order) + 1)
-                return time.monotonic() < start[0] + n * delay
+                if dump.job not in release:
+                    # The storage takes the dumps in the order they came.
+                    free_at[0] = max(free_at[0], dump.submitted) + delay
+                    release[dump.job] = free_at[0]
+                return time.monotonic() < release[dump.job]
 
             engine.hold(held)
