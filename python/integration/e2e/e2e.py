@@ -168,6 +168,36 @@ class Harness:
         check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
         return json.loads((run_dir / "out.json").read_text())
 
+    def kill_once_stored(self, what: str, name: str, root: Path, settings: dict, files: int) -> list[Path]:
+        """Starts an engine, kills it (SIGKILL, its process group) as soon as
+        ``files`` block files are in ``root``, while the rest are held,
+        queued or being written; checks that no partial block is left under
+        a block's name, and plants what a writer killed mid-write leaves (a
+        temporary file beside a block). Returns the blocks stored."""
+        shm_before = set(glob.glob("/dev/shm/*"))
+        process, run_dir = self.start(name, settings)
+        deadline = time.monotonic() + 600
+        while len(block_files(root)) < files and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        check(
+            process.poll() is None and bool(block_files(root)),
+            f"{what}: nothing stored while it ran\n{tail((run_dir / 'engine.log').read_text())}",
+        )
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        wait_for_group(process.pid, timeout=120)
+        # A SIGKILL leaves the killed engine's shared memory (its offload
+        # region, its processes' queues): nothing of it can unlink them.
+        for left in set(glob.glob("/dev/shm/*")) - shm_before:
+            os.unlink(left)
+        stored = block_files(root)
+        partial = [p for p in stored if p.stat().st_size != BLOCK_BYTES]
+        check(not partial, f"{what}: partial blocks under a block's name: {partial}")
+        leftover = rank_dir(root) / "abc" / "de_g0" / f"abcde{'0' * 59}.bin_{os.getpid()}.tmp"
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"\0" * (BLOCK_BYTES // 2))
+        return stored
+
     # What every scenario compares.
 
     def same_outputs(self, name: str, outputs: dict, only=None) -> None:
@@ -264,35 +294,12 @@ class Harness:
     def crash(self, tier: str) -> None:
         root = self.work / f"crash-{tier}"
         shutil.rmtree(root, ignore_errors=True)
-        shm_before = set(glob.glob("/dev/shm/*"))
         # Each store job is held 1 s before it reaches the tier, and the
         # engine lingers after its prompts, so stores trickle out.
         settings = self.settings(tier, root, store_delay=1.0, linger=300)
-        process, run_dir = self.start(f"crash-{tier}-1", settings)
-        deadline = time.monotonic() + 600
-        while not block_files(root) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        check(
-            process.poll() is None and bool(block_files(root)),
-            f"crash {tier}: process 1 stored nothing while it ran\n{tail((run_dir / 'engine.log').read_text())}",
-        )
-        # The first blocks are in; the rest are held, queued or being written.
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        wait_for_group(process.pid, timeout=120)
-        # A SIGKILL leaves the killed engine's shared memory (its offload
-        # region, its processes' queues): nothing of it can unlink them.
-        for left in set(glob.glob("/dev/shm/*")) - shm_before:
-            os.unlink(left)
-        stored = block_files(root)
+        stored = self.kill_once_stored(f"crash {tier}", f"crash-{tier}-1", root, settings, files=1)
         size = BLOCK_BYTES
-        partial = [p for p in stored if p.stat().st_size != size]
-        check(not partial, f"crash {tier}: partial blocks under a block's name: {partial}")
         check(len(stored) < PROMPTS * PROMPT_TOKENS // 32, f"crash {tier}: every store finished before the kill")
-        # What a crash mid-write leaves: a temporary file beside a block.
-        leftover = rank_dir(root) / "abc" / "de_g0" / f"abcde{'0' * 59}.bin_{os.getpid()}.tmp"
-        leftover.parent.mkdir(parents=True, exist_ok=True)
-        leftover.write_bytes(b"\0" * (size // 2))
         temps = temp_files(root)
         # Process 2 is alone on the directory: every temporary file in it is
         # a dead writer's, whatever its age.

@@ -28,11 +28,7 @@ Once, with the connector alone:
 
 from __future__ import annotations
 
-import glob
-import os
 import shutil
-import signal
-import time
 from typing import TYPE_CHECKING
 
 from e2e import (
@@ -44,10 +40,7 @@ from e2e import (
     block_files,
     check,
     kv_drift,
-    rank_dir,
-    tail,
     temp_files,
-    wait_for_group,
 )
 
 if TYPE_CHECKING:
@@ -117,29 +110,10 @@ def pressure(h: "Harness", mode: str) -> "Path":
 def killed(h: "Harness", mode: str) -> None:
     root = h.work / f"connector-{mode}-killed"
     shutil.rmtree(root, ignore_errors=True)
-    shm_before = set(glob.glob("/dev/shm/*"))
     settings = h.settings(None, root, connector=_connector(mode, dump_delay=KILL_TRICKLE), linger=300)
-    process, run_dir = h.start(f"connector-{mode}-killed-1", settings)
-    deadline = time.monotonic() + 600
-    while len(block_files(root)) < 2 and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    check(
-        process.poll() is None and bool(block_files(root)),
-        f"connector {mode} kill: nothing dumped while it ran\n{tail((run_dir / 'engine.log').read_text())}",
-    )
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    wait_for_group(process.pid, timeout=120)
-    for left in set(glob.glob("/dev/shm/*")) - shm_before:
-        os.unlink(left)
-    stored = block_files(root)
-    partial = [p for p in stored if p.stat().st_size != BLOCK_BYTES]
-    check(not partial, f"connector {mode} kill: partial blocks under a block's name: {partial}")
-    check(len(stored) < PROMPT_BLOCKS, f"connector {mode} kill: every dump finished before the kill")
-    # What a writer killed mid-write leaves: a temporary file beside a block.
-    leftover = rank_dir(root) / "abc" / "de_g0" / f"abcde{'0' * 59}.bin_{os.getpid()}.tmp"
-    leftover.parent.mkdir(parents=True, exist_ok=True)
-    leftover.write_bytes(b"\0" * (BLOCK_BYTES // 2))
+    what = f"connector {mode} kill"
+    stored = h.kill_once_stored(what, f"connector-{mode}-killed-1", root, settings, files=2)
+    check(len(stored) < PROMPT_BLOCKS, f"{what}: every dump finished before the kill")
     second = h.run(
         f"connector-{mode}-killed-2",
         h.settings(None, root, connector=_connector(mode, options={"stale_temp_age": 0})),
