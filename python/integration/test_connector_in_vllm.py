@@ -167,21 +167,33 @@ def test_a_finished_request_keeps_its_blocks_until_finished_sending(root: str, s
 
 def test_a_preemption_waits_for_its_own_dumps_only(root: str) -> None:
     cluster = Cluster(connector_config(root), num_blocks=14)
-    first = cluster.add(_request(n=96, max_tokens=200))
-    second = cluster.add(_request(n=96, max_tokens=200))
-    keys_first = set(cluster.keys_of(first))
+    keys_first: set[bytes] = set()
     release_at = [float("inf")]
     # The first request's dumps stay held all along; the second's until
     # release_at (set when its preemption comes).
     cluster.engine().hold(
         lambda dump: dump.keys[0] in keys_first or time.monotonic() < release_at[0]
     )
-    preempted = None
+    first = cluster.add(_request(n=96, max_tokens=200))
+    keys_first.update(cluster.keys_of(first))
+    # vLLM preempts the request it scheduled last. A request waits for its
+    # lookup's answer, and the two lookups may be answered in either order:
+    # the second request comes once the first runs, so it is the victim.
+    for _ in range(50):
+        if first in cluster.scheduler.running:
+            break
+        cluster.step()
+    assert first in cluster.scheduler.running
+    second = cluster.add(_request(n=96, max_tokens=200))
+    preempted: set[str] = set()
     fence = 0.0
     for _ in range(80):
         so = cluster.scheduler.schedule()
         if so.preempted_req_ids:
             preempted = set(so.preempted_req_ids)
+            # Checked before the fence: the first request's dumps never
+            # end, so a fence on them would wait forever.
+            assert preempted == {second.request_id}
             release_at[0] = time.monotonic() + 0.2
             started = time.monotonic()
             cluster.workers[0].handle_preemptions(so.kv_connector_metadata)

@@ -168,14 +168,36 @@ print(f"the docs name {sum(f in files for f, _ in named)} of vLLM's tests; each 
 EOF
 }
 
+# Runs a test command in DIR with a bound: pytest prints every thread's
+# stack when one test runs past FAULT seconds (faulthandler_timeout, set by
+# the callers), and the command is stopped at LIMIT seconds, so a test that
+# hangs fails this script with its stacks instead of running CI out of time.
+# The log keeps the output; the last lines are shown, and on failure the
+# failures by name and, for a stop, the log's end (the stacks).
+FAULT=120
+bounded() {
+    local limit=$1 log=$2 dir=$3 status=0
+    shift 3
+    (cd "$dir" && timeout -k 15 "$limit" "$@") >"$log" 2>&1 || status=$?
+    tail -n 3 "$log"
+    if [ "$status" -ne 0 ]; then
+        grep -E "^(FAILED|ERROR) " "$log" || true
+        if [ "$status" -ge 124 ]; then
+            tail -n 80 "$log"
+            echo "stopped after ${limit} s: $*"
+        fi
+    fi
+    return "$status"
+}
+
 # Runs vLLM's tests in one mode; every one of them must pass.
 run_mode() {
     local mode=$1 plugin=()
     [ "$mode" != vllm ] && plugin=(-p kvtier_vllm_plugin)
     local log=$WORK/pytest-$mode.log
-    (cd "$WORK/tests" &&
-        KVTIER_VLLM_MODE=$mode PYTHONPATH="$ROOT/python/integration" \
-            "$PY" -m pytest -q -p no:cacheprovider "${plugin[@]}" $TESTS) | tee "$log" | tail -n 3
+    # shellcheck disable=SC2086
+    bounded 600 "$log" "$WORK/tests" env KVTIER_VLLM_MODE="$mode" PYTHONPATH="$ROOT/python/integration" \
+        "$PY" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=$FAULT "${plugin[@]}" $TESTS || true
     if ! grep -qE "^${EXPECTED} passed" <(tail -n 1 "$log"); then
         # The failures by name, then the first of their tracebacks: the
         # three lines above would not say which test failed.
@@ -188,8 +210,8 @@ run_mode() {
 }
 
 own_checks() {
-    (cd python/integration && "$PY" -m pytest -q -p no:cacheprovider \
-        test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py) | tail -n 3
+    bounded 600 "$WORK/pytest-own.log" python/integration "$PY" -m pytest -q -p no:cacheprovider \
+        -o faulthandler_timeout=$FAULT test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py
 }
 
 # vLLM's own connector tests that bear on a third-party connector (the
@@ -208,17 +230,18 @@ connector_tests() {
         files="$files tests/v1/kv_connector/unit/${test}"
     done
     # shellcheck disable=SC2086
-    (cd "$WORK/sdist" && HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 "$PY" -m pytest -q -p no:cacheprovider \
-        --confcutdir=tests/v1 --deselect \
+    bounded 600 "$log" "$WORK/sdist" env HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 "$PY" -m pytest -q \
+        -p no:cacheprovider -o faulthandler_timeout=$FAULT --confcutdir=tests/v1 --deselect \
         tests/v1/kv_connector/unit/test_multi_connector.py::test_multi_example_connector_consistency \
-        $files) | tee "$log" | tail -n 3
+        $files || true
     if ! tail -n 1 "$log" | grep -qE "^${CONNECTOR_EXPECTED}, 1 deselected"; then
         grep -E "^(FAILED|ERROR) " "$log" || true
         echo "vLLM's connector tests: not ${CONNECTOR_EXPECTED}"
         return 1
     fi
-    (cd python/integration && HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 KVTIER_VLLM_SDIST="$WORK/sdist" \
-        "$PY" -m pytest -q -p no:cacheprovider test_connector_in_vllm.py test_connector_lockstep.py) | tail -n 3
+    bounded 600 "$WORK/pytest-connector-ours.log" python/integration env HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 \
+        KVTIER_VLLM_SDIST="$WORK/sdist" "$PY" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=$FAULT \
+        test_connector_in_vllm.py test_connector_lockstep.py
 }
 
 end_to_end() {
