@@ -110,6 +110,7 @@ def ensure_py_venv():
 
 # Every suite that can see each protocol's code, keyed by the first letter of
 # the mutation ids (L: lookup, T: the tasks driver, S: save completion,
+# E: the capacity ledger,
 # F: the fs tier). The abstract protocol
 # model cannot see the code: it has its own guard-removal tests in
 # models/tests/protocol_model.rs.
@@ -158,6 +159,12 @@ SUITES = {
     "K": {
         "connector through vLLM's scheduler": (in_vllm("connector", "test_connector_in_vllm.py", "test"), {}),
         "lockstep with the save reference": (in_vllm("connector", "test_connector_lockstep.py", "test"), {}),
+    },
+    "E": {
+        "tests": (TEST + ["-p", "kvtier", "--lib", "capacity"], {}),
+        "proptest": (MODELS + ["proptest_capacity"], {}),
+        "loom": (MODELS + ["loom_capacity"], LOOM),
+        "shuttle": (MODELS + ["shuttle_capacity"], dict(SHUTTLE, KVTIER_SHUTTLE_ITERATIONS="20000")),
     },
     "S": {
         "tests": (TEST + ["-p", "kvtier", "--lib", "--tests"], {}),
@@ -1400,6 +1407,86 @@ MUTATIONS = [
         "a shut-down worker keeps its staging area (64 MiB by default) for as long as the connector lives",
         [("        self._staging = None", "        pass")],
         in_vllm("connector", "test_connector_in_vllm.py", "test_shutdown_is_bounded_and_holds_no_buffer"),
+    ),
+    # The capacity ledger (src/capacity/): E*.
+    Mutation(
+        "E1-a-block-larger-than-the-capacity-is-refused",
+        "a block larger than the whole capacity is not refused as such: it empties the tier of every evictable block before failing",
+        [("        if bytes > self.capacity {", "        if false {")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E2-one-operation-per-block",
+        "a second store of a block being written or deleted gets its own reservation over the first's",
+        [("                self.stats.rejected_busy += 1;\n                return Admission::Rejected(Rejection::Busy);\n", "")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E3-lru-evicts-the-least-recently-used",
+        "LRU evicts the most recently used block",
+        [("self.by_tick.iter().find(", "self.by_tick.iter().rev().find(")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E4-reserve-only-what-fits",
+        "a reservation is granted while there is any room at all, not room for its bytes: resident plus reserved exceed the capacity",
+        [("        if used + bytes <= self.capacity {", "        if used < self.capacity {")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E5-only-unpinned-resident-blocks-are-victims",
+        "a block pinned by a read is chosen as a victim and deleted under the read",
+        [("state: State::Resident { pins: 0, .. },", "state: State::Resident { .. },")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E6-a-reservation-is-released-once",
+        "a reservation of an earlier life of a block commits or aborts the current one",
+        [("                if entry.state == State::Reserved\n                    && entry.incarnation == reservation.incarnation =>",
+          "                if entry.state == State::Reserved =>")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::tokens_are_released_once"],
+    ),
+    Mutation(
+        "E7-a-pin-is-released-once",
+        "unpinning a block with no pin left is not refused",
+        [("        if *pins == 0 {\n            return Err(LedgerError::Unknown(\"pin\"));\n        }\n", "")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::tokens_are_released_once"],
+    ),
+    Mutation(
+        "E8-a-victim-is-released-once",
+        "a victim reported twice, or of an earlier life of its block, is taken as evicted",
+        [("if entry.state == State::Evicting && entry.incarnation == victim.incarnation =>", "if entry.state == State::Evicting =>")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::a_victim_is_reported_once"],
+    ),
+    Mutation(
+        "E9-s3fifo-gives-read-blocks-another-chance",
+        "S3-FIFO evicts a block read on probation or in the main queue as if never read: a scan flushes the hot set",
+        [("            if meta.freq == 0 {", "            if true {")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::s3fifo_keeps_a_hot_set"],
+    ),
+    Mutation(
+        "E10-victims-only-when-they-make-the-room",
+        "a store that cannot get room evicts every evictable block before it is refused",
+        [("        if self.evictable_bytes < needed {", "        if false {")],
+        MODELS + ["proptest_capacity"],
+    ),
+    Mutation(
+        "E11-an-uncommitted-write-gives-its-room-back",
+        "a write guard dropped without a commit (a failed write, a panic) keeps its reservation for ever",
+        [("            let _ = self.ledger.inner.lock().abort(reservation);", "            std::mem::forget(reservation);")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::guards_release_their_tokens_once"],
+    ),
+    Mutation(
+        "E12-a-dropped-pin-is-released",
+        "a dropped pin guard never unpins: the block can never be evicted",
+        [("            let _ = self.ledger.inner.lock().unpin(pin);", "            std::mem::forget(pin);")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::guards_release_their_tokens_once"],
+    ),
+    Mutation(
+        "E13-victims-left-by-a-panic-are-reported",
+        "victims left when the delete closure panics stay evicting for ever (their bytes never leave)",
+        [("        let mut ledger = self.ledger.inner.lock();\n        for victim in self.victims.drain(..) {", "        let mut ledger = self.ledger.inner.lock();\n        for victim in self.victims.drain(..).take(0) {")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::guards_release_their_tokens_once"],
     ),
 ]
 

@@ -19,6 +19,9 @@
 //!   `fs`) and [`ObjectTier`] (feature `object-store`: S3,
 //!   S3-compatible servers, local files, memory); [`block`] is their checked
 //!   block format.
+//! - [`capacity`]: a tier's byte budget, as a sans-IO ledger: room
+//!   reserved before a write and committed after it, blocks pinned while
+//!   read, victims chosen by LRU or S3-FIFO.
 //! - [`offload`]: KV blocks copied between an engine's KV cache and a
 //!   host-memory offload region on native threads (vLLM's tiering on CPU
 //!   machines).
@@ -43,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+pub mod capacity;
 mod fault;
 mod invariant;
 pub mod lookup;

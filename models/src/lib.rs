@@ -20,6 +20,8 @@
 //! - [`save_reference`], [`save_scripted`], [`save_lockstep`]: the same
 //!   for deferred save completion — its specification, a deterministic store
 //!   whose log witnesses S1–S6, and the real halves run against both.
+//! - [`capacity_reference`]: the capacity protocol (reservations, pins,
+//!   eviction) as a specification, and the real ledger in lockstep with it.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
 //! - [`checkers`]: how the loom and shuttle files run their models (bounds,
@@ -28,6 +30,7 @@
 //!   `tests/shuttle_*.rs` (`--cfg kvtier_shuttle`): the real threaded driver
 //!   under the model checkers.
 
+pub mod capacity_reference;
 pub mod checked;
 #[cfg(not(kvtier_loom))]
 pub mod checked_tasks;

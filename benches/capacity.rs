@@ -1,0 +1,214 @@
+//! The capacity ledger's figures (docs/performance.md, "Capacity"):
+//!
+//! 1. Hit ratio against capacity on a multi-turn, prefix-sharing trace, for
+//!    LRU, S3-FIFO and an unbounded tier. Deterministic (a seeded
+//!    generator), so the figures are exact, not timed.
+//! 2. The cost of eviction per store: stores into a full ledger (each
+//!    evicts one block) against stores with room, timed in the same run,
+//!    medians of 7 rounds, as a ratio.
+//!
+//! Run: `cargo bench --bench capacity`.
+//!
+//! The trace: 400 conversations, each opening with one of 8 shared system
+//! prompts (8 blocks each) and going on for 1–8 turns of 1–4 new blocks;
+//! each turn sends the whole conversation so far. Conversations are picked
+//! by a skewed popularity (a few are continued often), and one request in
+//! ten is a one-off document of 16–48 blocks nobody reads again (the scan).
+//! A request is served the leading blocks the tier holds (a prefix cache
+//! cannot use a block after a miss), then stores the blocks it computed.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kvtier::capacity::{Admission, CapacityLedger, Policy};
+
+/// xorshift64*: a seeded generator, so every run sees the same trace.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A block key: the hash of its prefix (the chain of ids before it).
+fn chain(parent: u64, id: u64) -> u64 {
+    let mut x = parent ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 31;
+    x.wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// The requests of the trace, each the keys of its prompt's blocks.
+fn trace() -> Vec<Vec<u64>> {
+    let mut rng = Rng(0x5eed);
+    const CONVERSATIONS: usize = 400;
+    let mut conversations: Vec<(Vec<u64>, u64)> = (0..CONVERSATIONS)
+        .map(|_| {
+            let system = rng.below(8);
+            let mut keys = Vec::new();
+            let mut parent = 0;
+            for b in 0..8 {
+                parent = chain(parent, 1_000 + system * 8 + b);
+                keys.push(parent);
+            }
+            (keys, 1 + rng.below(8))
+        })
+        .collect();
+    let mut requests = Vec::new();
+    let mut next_id = 1_000_000;
+    let mut doc = 0;
+    while conversations.iter().any(|(_, turns)| *turns > 0) {
+        if rng.below(10) == 0 {
+            // A one-off document.
+            let mut parent = chain(0, 500_000 + doc);
+            doc += 1;
+            let mut keys = vec![parent];
+            for _ in 0..16 + rng.below(33) {
+                next_id += 1;
+                parent = chain(parent, next_id);
+                keys.push(parent);
+            }
+            requests.push(keys);
+            continue;
+        }
+        // Skewed popularity: low indexes are picked far more often.
+        let r = rng.below(1 << 20) as f64 / f64::from(1 << 20);
+        let pick = ((r * r * r) * CONVERSATIONS as f64) as usize;
+        let Some(index) = (pick..CONVERSATIONS)
+            .chain(0..pick)
+            .find(|&i| conversations[i].1 > 0)
+        else {
+            break;
+        };
+        let (keys, turns) = &mut conversations[index];
+        *turns -= 1;
+        for _ in 0..1 + rng.below(4) {
+            next_id += 1;
+            let parent = *keys.last().expect("a conversation has its system prompt");
+            keys.push(chain(parent, next_id));
+        }
+        requests.push(keys.clone());
+    }
+    requests
+}
+
+const BLOCK: u64 = 1;
+
+/// Blocks served from the tier, of blocks requested.
+fn hit_ratio(requests: &[Vec<u64>], capacity: u64, policy: Policy) -> f64 {
+    let mut ledger = CapacityLedger::new(capacity, policy);
+    let (mut served, mut asked) = (0u64, 0u64);
+    for keys in requests {
+        asked += keys.len() as u64;
+        let mut leading = true;
+        for key in keys {
+            if leading {
+                if let Some(pin) = ledger.pin(key) {
+                    served += 1;
+                    ledger.unpin(pin).expect("pinned just now");
+                    continue;
+                }
+                leading = false;
+            }
+            // Computed: stored, evicting as asked.
+            loop {
+                match ledger.reserve(*key, BLOCK) {
+                    Admission::Granted(r) => {
+                        ledger.commit(r).expect("reserved just now");
+                        break;
+                    }
+                    Admission::Evict(victims) => {
+                        for v in victims {
+                            ledger.evicted(v).expect("named just now");
+                        }
+                    }
+                    Admission::Present | Admission::Rejected(_) => break,
+                }
+            }
+        }
+    }
+    served as f64 / asked as f64
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Nanoseconds per store of `stores` one-block stores into a ledger of
+/// `capacity` blocks already full (`full`: each store evicts one) or empty.
+fn per_store(policy: Policy, capacity: u64, stores: u64, full: bool) -> f64 {
+    let mut ledger = CapacityLedger::new(if full { capacity } else { capacity + stores }, policy);
+    for key in 0..capacity {
+        let Admission::Granted(r) = ledger.reserve(key, 1) else {
+            unreachable!()
+        };
+        ledger.commit(r).unwrap();
+    }
+    let started = Instant::now();
+    for key in capacity..capacity + stores {
+        loop {
+            match ledger.reserve(key, 1) {
+                Admission::Granted(r) => {
+                    ledger.commit(r).unwrap();
+                    break;
+                }
+                Admission::Evict(victims) => {
+                    for v in victims {
+                        ledger.evicted(v).unwrap();
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    black_box(ledger.stats());
+    started.elapsed().as_nanos() as f64 / stores as f64
+}
+
+fn main() {
+    let requests = trace();
+    let asked: usize = requests.iter().map(Vec::len).sum();
+    let mut unique: Vec<u64> = requests.iter().flatten().copied().collect();
+    unique.sort_unstable();
+    unique.dedup();
+    let working_set = unique.len() as u64;
+    println!(
+        "trace: {} requests, {asked} blocks asked, {working_set} distinct blocks",
+        requests.len()
+    );
+    let unbounded = hit_ratio(&requests, u64::MAX, Policy::Lru);
+    println!("capacity (share of distinct blocks) | LRU | S3-FIFO | unbounded");
+    for share in [0.02, 0.05, 0.1, 0.2, 0.4] {
+        let capacity = ((working_set as f64 * share) as u64).max(1);
+        let lru = hit_ratio(&requests, capacity, Policy::Lru);
+        let s3 = hit_ratio(&requests, capacity, Policy::S3Fifo);
+        println!(
+            "{capacity:>6} blocks ({:>3.0}%) | {:.3} | {:.3} | {unbounded:.3}",
+            share * 100.0,
+            lru,
+            s3
+        );
+    }
+    const STORES: u64 = 200_000;
+    for policy in [Policy::Lru, Policy::S3Fifo] {
+        let (mut evicting, mut roomy) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            evicting.push(per_store(policy, 100_000, STORES, true));
+            roomy.push(per_store(policy, 100_000, STORES, false));
+        }
+        let (e, r) = (median(evicting), median(roomy));
+        println!(
+            "{}: a store that evicts one block {e:.0} ns, with room {r:.0} ns (ratio {:.2}), medians of 7",
+            policy.name(),
+            e / r
+        );
+    }
+}
