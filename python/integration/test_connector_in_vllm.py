@@ -30,10 +30,24 @@ def _request(n: int = 100, max_tokens: int = 3, request_id: Any = None) -> Any:
     return create_request(request_id=request_id, num_tokens=n, max_tokens=max_tokens, block_size=16)
 
 
-def _settle(cluster: Cluster, steps: int = 200) -> None:
+def _step_until(cluster: Cluster, done: Any, seconds: float = 30.0, pause: float = 0.005) -> Any:
+    """Steps until ``done(output)`` holds for a step's scheduler output and
+    returns that output (or the last one after ``seconds``). Waits by the
+    clock, not by a number of steps: on a loaded machine a lookup's answer
+    or a dump takes longer than any fixed number of quick steps."""
+    deadline = time.monotonic() + seconds
+    while True:
+        so = cluster.step()
+        if done(so) or time.monotonic() >= deadline:
+            return so
+        time.sleep(pause)
+
+
+def _settle(cluster: Cluster, seconds: float = 60.0) -> None:
     """Steps until every request finished and was freed, and no dump is in
-    flight."""
-    for _ in range(steps):
+    flight (at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         engines = [cluster.engine(rank) for rank in range(len(cluster.workers))]
         if (
             not any(e.in_flight() for e in engines)
@@ -49,12 +63,13 @@ def _settle(cluster: Cluster, steps: int = 200) -> None:
 def _prefill(cluster: Cluster, request: Any, **kwargs: Any) -> None:
     """Steps until ``request`` ran its prefill (the first steps may wait
     for the tier's lookup)."""
-    for _ in range(100):
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
         so = cluster.step(**kwargs)
         if request.request_id in so.num_scheduled_tokens:
             return
         time.sleep(0.005)
-    raise AssertionError(f"{request.request_id} was never scheduled")
+    raise AssertionError(f"{request.request_id} was not scheduled within 30 s")
 
 
 def _allocated(cluster: Cluster, blocks: list[int]) -> bool:
@@ -91,11 +106,7 @@ def test_restart_hits_load_the_dumped_bytes(root: str, setup: dict[str, Any]) ->
     so = again.step()
     # The tier is being probed: vLLM asks again next step.
     assert twin.request_id not in so.num_scheduled_tokens
-    for _ in range(20):
-        so = again.step()
-        if twin.request_id in so.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    so = _step_until(again, lambda so: twin.request_id in so.num_scheduled_tokens)
     # Six blocks came from the tier; the prompt's last 4 tokens are computed.
     assert so.num_scheduled_tokens[twin.request_id] == 100 - 96
     rows = again.caches[0].view(again.num_blocks, -1).view(torch.int8)
@@ -120,11 +131,7 @@ def test_a_prompt_of_whole_blocks_is_loaded_whole_and_computes_its_last_token(ro
 
     again = Cluster(connector_config(root))
     twin = again.add(_request(n=96, request_id=int(request.request_id.split("-")[1])))
-    for _ in range(100):
-        so = again.step()
-        if twin.request_id in so.num_scheduled_tokens:
-            break
-        time.sleep(0.005)
+    so = _step_until(again, lambda so: twin.request_id in so.num_scheduled_tokens)
     # Every block loaded, the last counted a token short: vLLM computes it.
     assert so.num_scheduled_tokens[twin.request_id] == 1
     stats = again.worker().stats()
@@ -177,14 +184,19 @@ def test_a_preemption_waits_for_its_own_dumps_only(root: str) -> None:
     first = cluster.add(_request(n=96, max_tokens=200))
     keys_first.update(cluster.keys_of(first))
     # vLLM preempts the request it scheduled last. A request waits for its
-    # lookup's answer, and the two lookups may be answered in either order:
-    # the second request comes once the first runs, so it is the victim.
-    for _ in range(50):
-        if first in cluster.scheduler.running:
-            break
-        cluster.step()
+    # lookup's answer, and two lookups may be answered in either order: the
+    # second request comes once the first runs, so it is the victim. Each
+    # lookup is asked for by one step and waited for with no step between
+    # (on a loaded machine an answer can take many quick steps, while the
+    # first request would decode on).
+    lookup = cluster.connector._scheduler.lookup
+    cluster.step()
+    lookup.wait_idle()
+    _step_until(cluster, lambda so: first in cluster.scheduler.running)
     assert first in cluster.scheduler.running
     second = cluster.add(_request(n=96, max_tokens=200))
+    cluster.step()
+    lookup.wait_idle()
     preempted: set[str] = set()
     fence = 0.0
     for _ in range(80):
@@ -260,11 +272,7 @@ def test_two_workers_reporting_at_different_steps(root: str) -> None:
     cluster.engine(1).hold(lambda dump: time.monotonic() < release_at[0])
     _prefill(cluster, request)
     blocks = cluster.blocks_of(request.request_id)
-    for _ in range(200):
-        cluster.step()
-        if cluster.reported[0]:
-            break
-        time.sleep(0.01)
+    _step_until(cluster, lambda so: cluster.reported[0], pause=0.01)
     # Worker 0 reported; worker 1's dump is held: vLLM keeps the blocks.
     assert cluster.reported[0] == [request.request_id]
     assert cluster.reported[1] == []
@@ -380,23 +388,36 @@ def test_a_wrapper_that_drops_request_finished_is_caught(root: str, multi: str, 
     monkeypatch.setattr(factory.KVConnectorFactory, "create_connector", staticmethod(create))
     cluster = Cluster(connector_config(root, multi=multi), num_blocks=16)
     request = cluster.add(_request(n=100, max_tokens=50))
-    # Held for five seconds: long enough for the steps below (on a loaded
-    # machine too), and the fence the connector puts up waits for it.
-    release_at = time.monotonic() + 5.0
-    cluster.engine().hold(lambda dump: time.monotonic() < release_at)
+    # Held until the other request's forward pass reuses the blocks (the
+    # violation the sim records before the step's fence, which then waits
+    # for the dump), at most a minute: a fixed hold could run out first on
+    # a loaded machine.
+    release_at = time.monotonic() + 60.0
+    cluster.engine().hold(lambda dump: not cluster.reuse_violations and time.monotonic() < release_at)
     _prefill(cluster, request)
     blocks = cluster.blocks_of(request.request_id)
-    # Another request waits for blocks (its lookup answered meanwhile).
+    # Another request waits for blocks, its lookup answered (waited for by
+    # the clock: then the step after the finish schedules it at once).
+    side = cluster.connector._scheduler
+    answers: dict[str, Any] = {}
+    looked_up = side.get_num_new_matched_tokens
+
+    def recording(request: Any, num_computed_tokens: int) -> Any:
+        answer = looked_up(request, num_computed_tokens)
+        answers[request.request_id] = answer[0]
+        return answer
+
+    monkeypatch.setattr(side, "get_num_new_matched_tokens", recording)
     other = cluster.add(_request(n=150, max_tokens=2))
-    cluster.run(3)
+    _step_until(cluster, lambda so: answers.get(other.request_id) is not None, pause=0.01)
+    assert answers.get(other.request_id) is not None
     assert other not in cluster.scheduler.running
     cluster.step(finish={request.request_id})
     # The free was not delayed: the check of the test above fails ...
     assert not _allocated(cluster, blocks)
-    for _ in range(300):
+    deadline = time.monotonic() + 30.0
+    while other not in cluster.scheduler.running and time.monotonic() < deadline:
         cluster.step()
-        if other in cluster.scheduler.running:
-            break
         time.sleep(0.01)
     # Seen before the step's fence (which then waited out the hold).
     assert cluster.reuse_violations
