@@ -388,12 +388,21 @@ def test_a_wrapper_that_drops_request_finished_is_caught(root: str, multi: str, 
     monkeypatch.setattr(factory.KVConnectorFactory, "create_connector", staticmethod(create))
     cluster = Cluster(connector_config(root, multi=multi), num_blocks=16)
     request = cluster.add(_request(n=100, max_tokens=50))
-    # Held until the other request's forward pass reuses the blocks (the
-    # violation the sim records before the step's fence, which then waits
-    # for the dump), at most a minute: a fixed hold could run out first on
-    # a loaded machine.
+    # Held until the other request is scheduled onto the blocks (the
+    # violation the sim records before the step's worker calls; at most a
+    # minute: a fixed hold could run out first on a loaded machine), and
+    # 3 s more: the step's forward pass writes the blocks meanwhile unless
+    # a fence waits the 3 s out first, which is what the check below tells
+    # apart.
+    seen_at: list[float] = []
     release_at = time.monotonic() + 60.0
-    cluster.engine().hold(lambda dump: not cluster.reuse_violations and time.monotonic() < release_at)
+
+    def held(dump: Any) -> bool:
+        if cluster.reuse_violations and not seen_at:
+            seen_at.append(time.monotonic())
+        return time.monotonic() < (seen_at[0] + 3.0 if seen_at else release_at)
+
+    cluster.engine().hold(held)
     _prefill(cluster, request)
     blocks = cluster.blocks_of(request.request_id)
     # Another request waits for blocks, its lookup answered (waited for by
