@@ -7,7 +7,7 @@
 //!    evicts one block) against stores with room, timed in the same run,
 //!    medians of 7 rounds, as a ratio.
 //!
-//! Run: `cargo bench --bench capacity`.
+//! Run: `cargo bench --bench capacity` (`-- --test`: one small round).
 //!
 //! The trace: 400 conversations, each opening with one of 8 shared system
 //! prompts (8 blocks each) and going on for 1–8 turns of 1–4 new blocks;
@@ -197,16 +197,22 @@ fn main() {
             s3
         );
     }
-    const STORES: u64 = 200_000;
+    // `cargo bench -- --test` (CI): one small round, to show it runs.
+    let quick = std::env::args().any(|a| a == "--test");
+    let (stores, resident, rounds) = if quick {
+        (10_000, 10_000, 1)
+    } else {
+        (200_000, 100_000, 7)
+    };
     for policy in [Policy::Lru, Policy::S3Fifo] {
         let (mut evicting, mut roomy) = (Vec::new(), Vec::new());
-        for _ in 0..7 {
-            evicting.push(per_store(policy, 100_000, STORES, true));
-            roomy.push(per_store(policy, 100_000, STORES, false));
+        for _ in 0..rounds {
+            evicting.push(per_store(policy, resident, stores, true));
+            roomy.push(per_store(policy, resident, stores, false));
         }
         let (e, r) = (median(evicting), median(roomy));
         println!(
-            "{}: a store that evicts one block {e:.0} ns, with room {r:.0} ns (ratio {:.2}), medians of 7",
+            "{}: a store that evicts one block {e:.0} ns, with room {r:.0} ns (ratio {:.2}), medians of {rounds}",
             policy.name(),
             e / r
         );
