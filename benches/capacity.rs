@@ -101,6 +101,25 @@ fn trace() -> Vec<Vec<u64>> {
 
 const BLOCK: u64 = 1;
 
+/// Stores `key`'s block, deleting the victims named (nothing to delete
+/// here); whether it was stored.
+fn store(ledger: &mut CapacityLedger<u64>, key: u64, bytes: u64) -> bool {
+    loop {
+        match ledger.reserve(key, bytes) {
+            Admission::Granted(r) => {
+                ledger.commit(r).expect("reserved just now");
+                return true;
+            }
+            Admission::Evict(victims) => {
+                for v in victims {
+                    ledger.evicted(v).expect("named just now");
+                }
+            }
+            Admission::Present | Admission::Rejected(_) => return false,
+        }
+    }
+}
+
 /// Blocks served from the tier, of blocks requested.
 fn hit_ratio(requests: &[Vec<u64>], capacity: u64, policy: Policy) -> f64 {
     let mut ledger = CapacityLedger::new(capacity, policy);
@@ -118,20 +137,7 @@ fn hit_ratio(requests: &[Vec<u64>], capacity: u64, policy: Policy) -> f64 {
                 leading = false;
             }
             // Computed: stored, evicting as asked.
-            loop {
-                match ledger.reserve(*key, BLOCK) {
-                    Admission::Granted(r) => {
-                        ledger.commit(r).expect("reserved just now");
-                        break;
-                    }
-                    Admission::Evict(victims) => {
-                        for v in victims {
-                            ledger.evicted(v).expect("named just now");
-                        }
-                    }
-                    Admission::Present | Admission::Rejected(_) => break,
-                }
-            }
+            store(&mut ledger, *key, BLOCK);
         }
     }
     served as f64 / asked as f64
@@ -154,20 +160,7 @@ fn per_store(policy: Policy, capacity: u64, stores: u64, full: bool) -> f64 {
     }
     let started = Instant::now();
     for key in capacity..capacity + stores {
-        loop {
-            match ledger.reserve(key, 1) {
-                Admission::Granted(r) => {
-                    ledger.commit(r).unwrap();
-                    break;
-                }
-                Admission::Evict(victims) => {
-                    for v in victims {
-                        ledger.evicted(v).unwrap();
-                    }
-                }
-                other => panic!("{other:?}"),
-            }
-        }
+        assert!(store(&mut ledger, key, 1), "a one-block store was refused");
     }
     black_box(ledger.stats());
     started.elapsed().as_nanos() as f64 / stores as f64

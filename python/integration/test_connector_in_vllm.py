@@ -30,14 +30,15 @@ def _request(n: int = 100, max_tokens: int = 3, request_id: Any = None) -> Any:
     return create_request(request_id=request_id, num_tokens=n, max_tokens=max_tokens, block_size=16)
 
 
-def _step_until(cluster: Cluster, done: Any, seconds: float = 30.0, pause: float = 0.005) -> Any:
-    """Steps until ``done(output)`` holds for a step's scheduler output and
-    returns that output (or the last one after ``seconds``). Waits by the
-    clock, not by a number of steps: on a loaded machine a lookup's answer
-    or a dump takes longer than any fixed number of quick steps."""
+def _step_until(cluster: Cluster, done: Any, seconds: float = 30.0, pause: float = 0.005, **step: Any) -> Any:
+    """Steps (``cluster.step(**step)``) until ``done(output)`` holds for a
+    step's scheduler output and returns that output (or the last one after
+    ``seconds``). Waits by the clock, not by a number of steps: on a loaded
+    machine a lookup's answer or a dump takes longer than any fixed number
+    of quick steps."""
     deadline = time.monotonic() + seconds
     while True:
-        so = cluster.step()
+        so = cluster.step(**step)
         if done(so) or time.monotonic() >= deadline:
             return so
         time.sleep(pause)
@@ -63,13 +64,8 @@ def _settle(cluster: Cluster, seconds: float = 60.0) -> None:
 def _prefill(cluster: Cluster, request: Any, **kwargs: Any) -> None:
     """Steps until ``request`` ran its prefill (the first steps may wait
     for the tier's lookup)."""
-    deadline = time.monotonic() + 30.0
-    while time.monotonic() < deadline:
-        so = cluster.step(**kwargs)
-        if request.request_id in so.num_scheduled_tokens:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{request.request_id} was not scheduled within 30 s")
+    so = _step_until(cluster, lambda so: request.request_id in so.num_scheduled_tokens, **kwargs)
+    assert request.request_id in so.num_scheduled_tokens, f"{request.request_id} was not scheduled within 30 s"
 
 
 def _allocated(cluster: Cluster, blocks: list[int]) -> bool:
