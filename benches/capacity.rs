@@ -166,6 +166,40 @@ fn per_store(policy: Policy, capacity: u64, stores: u64, full: bool) -> f64 {
     started.elapsed().as_nanos() as f64 / stores as f64
 }
 
+/// The fs tier's part (no tiers are built under the model checkers' cfgs).
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+mod tier {
+    use std::time::Instant;
+
+    use kvtier::FsTier;
+    use kvtier::block::HEADER_LEN;
+    use kvtier::tier::FsOptions;
+
+    /// Microseconds per `FsTier::store` of `stores` 4 KiB blocks after
+    /// `resident` blocks, into a tier whose budget is `capacity` blocks
+    /// (`Some(resident)`: full, each store deletes a victim's file; larger:
+    /// room for all) or has no budget (`None`).
+    pub(crate) fn tier_store(resident: u64, stores: u64, capacity: Option<u64>) -> f64 {
+        const PAYLOAD: usize = 4096 - HEADER_LEN;
+        let root = tempfile::tempdir().expect("tempdir");
+        let options = FsOptions::default().capacity_bytes(capacity.map(|blocks| blocks * 4096));
+        let tier = FsTier::open_with(root.path(), "bench", options).expect("open");
+        let payload = [3u8; PAYLOAD];
+        for key in 0..resident {
+            tier.store(&key, &payload).expect("store");
+        }
+        let started = Instant::now();
+        for key in resident..resident + stores {
+            tier.store(&key, &payload).expect("store");
+        }
+        let elapsed = started.elapsed();
+        if capacity == Some(resident) {
+            assert_eq!(tier.capacity_stats().unwrap().evictions, stores);
+        }
+        elapsed.as_secs_f64() * 1e6 / stores as f64
+    }
+}
+
 fn main() {
     let requests = trace();
     let asked: usize = requests.iter().map(Vec::len).sum();
@@ -210,4 +244,32 @@ fn main() {
             e / r
         );
     }
+    #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+    tier_figures(quick);
+}
+
+/// The same in the fs tier, files deleted and written (this disk, its page
+/// cache): a full budget against no budget.
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+fn tier_figures(quick: bool) {
+    use tier::tier_store;
+
+    let (stores, resident, rounds) = if quick {
+        (500, 500, 1)
+    } else {
+        (5_000, 5_000, 5)
+    };
+    let (mut full, mut room, mut none) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        full.push(tier_store(resident, stores, Some(resident)));
+        room.push(tier_store(resident, stores, Some(resident + stores)));
+        none.push(tier_store(resident, stores, None));
+    }
+    let (full, room, none) = (median(full), median(room), median(none));
+    println!(
+        "fs tier, 4 KiB blocks, medians of {rounds}: a store that evicts one block {full:.1} us, \
+         with room {room:.1} us (ratio {:.2}); without a budget {none:.1} us (with room / without {:.2})",
+        full / room,
+        room / none
+    );
 }

@@ -957,7 +957,7 @@ MUTATIONS = [
     Mutation(
         "V4-loads-stop-at-the-first-failure",
         "a load goes on past a block that failed and reports success",
-        [("                load_block(&path, block)?;", "                let _ = load_block(&path, block);")],
+        [("                loaded?;", "                let _ = loaded;")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_failed_load_keeps"],
     ),
     Mutation(
@@ -1487,6 +1487,75 @@ MUTATIONS = [
         "victims left when the delete closure panics stay evicting for ever (their bytes never leave)",
         [("        let mut ledger = self.ledger.inner.lock();\n        for victim in self.victims.drain(..) {", "        let mut ledger = self.ledger.inner.lock();\n        for victim in self.victims.drain(..).take(0) {")],
         TEST + ["-p", "kvtier", "--lib", "capacity::tests::guards_release_their_tokens_once"],
+    ),
+    # The byte budget of the directory tiers (src/tier/budget.rs, fs.rs,
+    # vllm/transfers.rs) and its settings in Python: E14-E21, P17, N8, K11.
+    Mutation(
+        "E14-only-stale-temporaries-are-swept-at-open",
+        "the startup scan deletes every temporary file, a live writer's in another process too",
+        [("                    if age >= stale_temp_age && remove(&entry.path()) {",
+          "                    if remove(&entry.path()) {")],
+        TEST + ["-p", "kvtier", "--test", "fs_capacity", "reopening_keeps_the_newest"],
+    ),
+    Mutation(
+        "E15-the-scan-keeps-the-newest-blocks",
+        "the startup scan keeps the oldest blocks that fit and deletes the newest",
+        [("        found.sort_unstable_by(|a, b| b.0.cmp(&a.0)", "        found.sort_unstable_by(|a, b| a.0.cmp(&b.0)")],
+        TEST + ["-p", "kvtier", "--test", "fs_capacity", "reopening_keeps_the_newest"],
+    ),
+    Mutation(
+        "E16-a-resident-block-whose-file-went-is-written-again",
+        "a block the budget holds is taken as stored though its file was removed: it is never written again",
+        [("                    if fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {", "                    if true {")],
+        TEST + ["-p", "kvtier", "--test", "fs_capacity", "a_vanished_or_damaged_block"],
+    ),
+    Mutation(
+        "E17-a-load-pins-its-block",
+        "an fs tier load under a budget does not pin its block: it can be evicted under the read, and a read does not make it recent",
+        [("        let pin = budget.pin(&path);", "        let pin = ();")],
+        TEST + ["-p", "kvtier", "--test", "fs_capacity", "a_load_refreshes_recency_and_pins"],
+    ),
+    Mutation(
+        "E18-a-store-gets-room-before-it-writes",
+        "the fs tier writes without asking its budget: the files grow past it",
+        [("    let Some(budget) = &inner.budget else {", "    let Some(budget) = None::<&DirBudget> else {")],
+        TEST + ["-p", "kvtier", "--test", "fs_capacity", "the_files_stay_within_the_budget"],
+    ),
+    Mutation(
+        "E19-enospc-evicts-then-retries-once",
+        "a write that finds the device full fails without making room: every later store fails too",
+        [("            if is_enospc(source) && self.make_room_after_enospc(bytes) {", "            if false {")],
+        TEST + ["-p", "kvtier", "--lib", "tier::budget::tests::enospc_evicts"],
+    ),
+    Mutation(
+        "E20-vllm-stores-get-room-before-they-write",
+        "vLLM-layout stores write without asking the budget: kvtier.vllm.FsTier's files grow past capacity_bytes",
+        [("            TransferKind::Store => match budget {", "            TransferKind::Store => match None::<&DirBudget> {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_capacity"],
+    ),
+    Mutation(
+        "E21-vllm-loads-pin-their-blocks",
+        "vLLM-layout loads do not pin: a block being loaded can be evicted under the load",
+        [("                let pin = budget.and_then(|budget| budget.pin(&path));", "                let pin = ();")],
+        TEST + ["-p", "kvtier", "--test", "vllm_capacity"],
+    ),
+    Mutation(
+        "P17-capacity-bytes-checked",
+        "capacity_bytes=True is taken as a 1-byte budget instead of a ConfigError",
+        [("    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {", "    if false {")],
+        pytest("tests/test_capacity.py::test_bad_budget_settings_are_config_errors"),
+    ),
+    Mutation(
+        "N8-capacity-bytes-reaches-the-tier",
+        "kvtier.vllm.FsTier takes \"capacity_bytes\" and ignores it: its files grow without bound",
+        [("            capacity_bytes=capacity_bytes,", "            capacity_bytes=None,")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_capacity_bytes_in_the_tier_config"),
+    ),
+    Mutation(
+        "K11-the-connectors-budget-reaches-its-transfers",
+        "the connector takes capacity_bytes and ignores it: its dumps grow without bound",
+        [("            capacity_bytes=self.settings.capacity_bytes,", "            capacity_bytes=None,")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_byte_budget_bounds_the_dumped_files"),
     ),
 ]
 

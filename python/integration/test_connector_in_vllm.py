@@ -311,6 +311,31 @@ def test_a_failed_load_is_recomputed_and_its_lookups_miss(root: str) -> None:
     again.shutdown()
 
 
+def test_a_byte_budget_bounds_the_dumped_files(root: str) -> None:
+    probe = Cluster(connector_config(root + "-probe"))
+    page = probe.page
+    probe.shutdown()
+    cluster = Cluster(connector_config(root, capacity_bytes=4 * page))
+    request = cluster.add(_request())
+    _prefill(cluster, request)
+    _settle(cluster)
+    keys = cluster.keys_of(request, 6)
+    # Six blocks dumped in order, room for four: the first two were evicted.
+    assert cluster.check_files(keys) == {"present": 4, "absent": 2, "wrong": 0}
+    assert cluster.check_files(keys[2:]) == {"present": 4, "absent": 0, "wrong": 0}
+    on_disk = sum(
+        os.path.getsize(os.path.join(top, name))
+        for top, _, names in os.walk(root)
+        for name in names
+        if name.endswith(".bin")
+    )
+    stats = cluster.worker().stats()
+    assert on_disk == stats["capacity_resident_bytes"] == 4 * page
+    assert (stats["capacity_evictions"], stats["capacity_capacity_bytes"]) == (2, 4 * page)
+    assert cluster.freed == [request.request_id]
+    cluster.shutdown()
+
+
 def test_a_blocking_save_returns_with_its_dumps_done(root: str) -> None:
     cluster = Cluster(connector_config(root, blocking_save=True))
     request = cluster.add(_request())
@@ -446,6 +471,9 @@ def test_a_wrapper_that_drops_request_finished_is_caught(root: str, multi: str, 
         ({"root_dir": "/x", "shutdown_grace": float("nan")}, "shutdown_grace"),
         ({"root_dir": "/x", "blocking_save": "yes"}, "blocking_save"),
         ({"root_dir": "/x", "rootdir": "/y"}, "does not know"),
+        ({"root_dir": "/x", "capacity_bytes": 0}, "capacity_bytes"),
+        ({"root_dir": "/x", "capacity_bytes": "10G"}, "capacity_bytes"),
+        ({"root_dir": "/x", "eviction_policy": "mru"}, "eviction_policy"),
         ({}, "needs 'root_dir'"),
     ],
 )

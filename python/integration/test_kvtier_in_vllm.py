@@ -166,6 +166,31 @@ def test_the_readmes_kv_transfer_config_builds_kvtiers_tier(tmp_path, memory):
         tier.shutdown()
 
 
+def test_capacity_bytes_in_the_tier_config_bounds_the_tiers_files(tmp_path, memory):
+    config = {"type": "FsTier", "module_path": "kvtier.vllm", "root_dir": str(tmp_path),
+              "n_read_threads": 1, "n_write_threads": 1, "capacity_bytes": 3 * BLOCK_BYTES}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(memory), offloading_spec())
+    try:
+        for n in range(6):
+            tier.submit_store(job(n, [key(n)], [n]))
+            assert [r.success for r in finish(tier)] == [True]
+        stats = tier.capacity_stats()
+        assert (stats["resident_bytes"], stats["evictions"]) == (3 * BLOCK_BYTES, 3)
+        on_disk = [p.stat().st_size for p in tmp_path.rglob("*.bin")]
+        assert sum(on_disk) == 3 * BLOCK_BYTES
+        # A fresh request's lookups see what is left.
+        assert resolve(tier, [key(n) for n in range(6)], context("fresh")) == [LookupResult.MISS] * 3 + [
+            LookupResult.HIT] * 3
+        # A load of an evicted block fails there, keeping the blocks before it.
+        tier.submit_load(job(10, [key(4), key(0)], [6, 7], promotion=True))
+        [result] = finish(tier)
+        assert not result.success and result.successful_keys == (key(4),)
+    finally:
+        tier.shutdown()
+    with pytest.raises(kvtier.ConfigError, match="capacity_bytes"):
+        kvtier_tier(tmp_path, memory, capacity_bytes=0)
+
+
 def test_vllms_fs_tier_and_kvtiers_read_each_others_files(tmp_path, memory):
     spec = offloading_spec(groups=((16, ("l0",)),))
     vllms = FileSystemTierManager(spec, memoryview(memory), "fs", str(tmp_path), 2, 2)

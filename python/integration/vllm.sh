@@ -18,7 +18,9 @@
 #
 # KVTIER_VLLM_VENV (default target/vllm-venv) is reused when it already has
 # this vLLM and torch; KVTIER_VLLM_WORK (default target/vllm-work) holds the
-# downloads and the extracted tests. Traffic: the package registries only.
+# downloads and the extracted tests. KVTIER_WHEEL, when set, is the kvtier
+# wheel to install instead of building one from the checkout. Traffic: the
+# package registries only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -93,8 +95,13 @@ EOF
 }
 
 install_kvtier() {
-    # The package from this checkout (a release build through maturin).
-    "$PY" -m pip install --quiet --force-reinstall --no-deps ./python
+    # The package from this checkout (a release build through maturin), or
+    # the wheel KVTIER_WHEEL names (CI builds it once for both venvs).
+    if [ -n "${KVTIER_WHEEL:-}" ]; then
+        "$PY" -m pip install --quiet --force-reinstall --no-deps "$KVTIER_WHEEL"
+    else
+        "$PY" -m pip install --quiet --force-reinstall --no-deps ./python
+    fi
 }
 
 fetch_tests() {

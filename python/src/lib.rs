@@ -20,6 +20,7 @@
 
 use pyo3::prelude::*;
 
+mod capacity;
 mod copier;
 mod errors;
 mod inspect;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::capacity::{capacity_of, policy_of, scan_dict, stats_dict};
 use crate::errors::{config, guard, seconds, tier_error};
 use crate::slot::{Owned, lend};
 
@@ -108,18 +109,34 @@ impl PyVllmTransfers {
 #[pymethods]
 impl PyVllmTransfers {
     #[new]
-    #[pyo3(signature = (rank_dir, primary, *, load_threads = 16, store_threads = 16))]
+    #[pyo3(signature = (
+        rank_dir, primary, *, load_threads = 16, store_threads = 16,
+        capacity_bytes = None, eviction_policy = "lru", stale_temp_age = 600.0,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         rank_dir: PathBuf,
         primary: &Bound<'_, PyAny>,
         load_threads: usize,
         store_threads: usize,
+        capacity_bytes: Option<&Bound<'_, PyAny>>,
+        eviction_policy: &str,
+        stale_temp_age: f64,
     ) -> PyResult<Self> {
         guard(|| {
+            // Settings first: a bad one starts no thread and scans nothing.
+            let capacity = capacity_of(capacity_bytes)?;
+            let policy = policy_of(eviction_policy)?;
+            let stale = seconds("stale_temp_age", stale_temp_age)?;
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let region = region_of(primary)?;
-            let inner = VllmTransfers::new(layout, region, load_threads, store_threads)
+            let mut inner = VllmTransfers::new(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
+            if let Some(capacity) = capacity {
+                inner
+                    .set_budget(capacity, policy, stale)
+                    .map_err(tier_error)?;
+            }
             Ok(Self {
                 inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
             })
@@ -240,6 +257,41 @@ impl PyVllmTransfers {
             .get_ref("sweep_stale_temps")?
             .sweep_stale_temps(age);
         Ok(())
+    }
+
+    /// The byte budget's counters and gauges by name (`None` without a
+    /// budget): `capacity_bytes`, `resident_bytes`, `reserved_bytes`,
+    /// `evictions`, `rejected_no_room`, `enospc`, `startup_trims`, ...
+    fn capacity_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let inner = self.inner.get_ref("capacity_stats")?;
+        inner
+            .capacity_stats()
+            .map(|stats| stats_dict(py, &stats))
+            .transpose()
+    }
+
+    /// What the budget's startup scan found and did (`None` without a
+    /// budget): `blocks`, `bytes`, `trimmed`, `swept`, `seconds`.
+    fn scan_report<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let inner = self.inner.get_ref("scan_report")?;
+        inner
+            .scan_report()
+            .map(|report| scan_dict(py, report))
+            .transpose()
+    }
+
+    /// Sets the byte budget to `capacity_bytes` and deletes blocks until
+    /// the files fit it; returns how many it deleted.
+    fn trim(&self, capacity_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| {
+            let Some(capacity) = capacity_of(Some(capacity_bytes))? else {
+                return Err(config("trim needs a capacity_bytes"));
+            };
+            self.inner
+                .get_ref("trim")?
+                .trim(capacity)
+                .map_err(tier_error)
+        })
     }
 
     /// Temporary files the sweeps removed so far.

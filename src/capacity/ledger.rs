@@ -20,6 +20,16 @@ pub enum Rejection {
     Busy,
 }
 
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::TooLarge => "the block is larger than the whole capacity",
+            Self::NoRoom => "the other blocks are pinned by reads or reserved by writes",
+            Self::Busy => "the block, or the room it needs, is being written or deleted",
+        })
+    }
+}
+
 /// A reservation's answer.
 #[derive(Debug)]
 #[must_use = "a granted reservation must be committed or aborted, and victims evicted"]

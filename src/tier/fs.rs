@@ -1,15 +1,24 @@
 //! A block tier on a directory tree (local disk, NFS, any mounted file system).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::TierError;
-use super::format::{self, Corruption, HEADER_LEN};
+use super::budget::{BlockLayout, DirBudget, ScanReport};
+#[cfg(tokio_driver)]
+use super::files::stat_blocking;
+use super::files::{
+    PathWriter, create_shards, create_temp, exists, is_absent, is_link_refused, is_temp_name,
+    kind_of, name_fits, open_for_read, read_block, refuse_link, refuse_linked_shards,
+    relative_name_fits,
+};
+use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
 use super::save::{SaveTask, finish};
+use crate::capacity::{CapacityStats, Policy};
 use crate::lookup::Backend;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -35,17 +44,25 @@ pub struct FsOptions {
     sync_data: bool,
     max_block_bytes: u64,
     follow_symlinks: bool,
+    capacity_bytes: Option<u64>,
+    policy: Policy,
+    stale_temp_age: Duration,
 }
 
 impl Default for FsOptions {
     /// Two I/O threads, no data sync, blocks up to 256 MiB, symbolic links
-    /// below the root not followed.
+    /// below the root not followed, no byte budget (LRU when one is set),
+    /// temporary files older than 10 minutes swept when a budget's scan
+    /// runs.
     fn default() -> Self {
         Self {
             io_threads: 2,
             sync_data: false,
             max_block_bytes: 256 << 20,
             follow_symlinks: false,
+            capacity_bytes: None,
+            policy: Policy::Lru,
+            stale_temp_age: Duration::from_secs(600),
         }
     }
 }
@@ -83,6 +100,55 @@ impl FsOptions {
     pub fn follow_symlinks(mut self, follow: bool) -> Self {
         self.follow_symlinks = follow;
         self
+    }
+
+    /// A byte budget for the namespace's block files (`None`: unbounded,
+    /// the default). With one, the tier opens by scanning the namespace
+    /// (the newest blocks that fit are counted, older ones deleted, stale
+    /// temporary files swept), a store first gets room (evicting blocks by
+    /// the [`policy`](Self::policy); a store that cannot is
+    /// [`TierError::NoRoom`], nothing lost), a load pins its block, and the
+    /// files' bytes stay at or under the budget (see
+    /// [`FsTier::capacity_stats`]).
+    ///
+    /// ```
+    /// use kvtier::FsTier;
+    /// use kvtier::tier::FsOptions;
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// // Room for two 16-byte payloads (each file adds a 16-byte header).
+    /// let tier = FsTier::open_with(root.path(), "ns", FsOptions::default().capacity_bytes(Some(64)))?;
+    /// for key in 0u64..3 {
+    ///     tier.store(&key, &[7; 16])?;
+    /// }
+    /// assert!(!tier.contains(&0u64)?, "the least recently used block made room");
+    /// let stats = tier.capacity_stats().expect("a budget");
+    /// assert_eq!((stats.resident_bytes, stats.evictions), (64, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity_bytes(mut self, capacity: Option<u64>) -> Self {
+        self.capacity_bytes = capacity;
+        self
+    }
+
+    /// Which blocks a full budget evicts first (LRU by default).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How old a temporary file must be for the budget's startup scan to
+    /// delete it as a dead writer's (10 minutes by default; longer than
+    /// the slowest store on the mount, since a younger file may be a live
+    /// writer's in another process).
+    pub fn stale_temp_age(mut self, age: Duration) -> Self {
+        self.stale_temp_age = age;
+        self
+    }
+
+    /// The configured byte budget.
+    pub fn get_capacity_bytes(&self) -> Option<u64> {
+        self.capacity_bytes
     }
 
     /// The configured I/O threads.
@@ -135,6 +201,8 @@ const TEMP_SUFFIX: usize = 1 + 16 + 4;
 pub(crate) const MAX_NAME: usize = 255 - TEMP_SUFFIX;
 
 struct Inner {
+    budget: Option<DirBudget>,
+    scan: Option<ScanReport>,
     root: PathBuf,
     namespace: String,
     dir: PathBuf,
@@ -227,10 +295,26 @@ impl FsTier {
                 refuse_link(&below)?;
             }
         }
+        let (budget, scan) = match options.capacity_bytes {
+            None => (None, None),
+            Some(capacity) => {
+                let naming = BlockLayout::Kvtier.naming();
+                let (budget, report) = DirBudget::scan(
+                    capacity,
+                    options.policy,
+                    &dir,
+                    &naming,
+                    options.stale_temp_age,
+                )?;
+                (Some(budget), Some(report))
+            }
+        };
         let pool = IoPool::start(options.io_threads, "kvtier-fs-io")
             .map_err(|source| TierError::io("start I/O threads for", &dir, source))?;
         Ok(Self {
             inner: Arc::new(Inner {
+                budget,
+                scan,
                 root,
                 namespace: namespace.to_owned(),
                 dir,
@@ -279,13 +363,37 @@ impl FsTier {
     /// anything is read for it, a size that disagrees with the header is
     /// refused before the payload is read, and at most the promised length
     /// is read.
+    ///
+    /// With a byte budget the block is pinned while it is read (not
+    /// evicted meanwhile), and a block found missing or damaged leaves the
+    /// budget's books (a damaged file is deleted: the next store of the key
+    /// writes it whole).
     pub fn load(&self, key: &(impl BlockKey + ?Sized)) -> Result<Option<Vec<u8>>, TierError> {
         let path = self.path_of(key);
         if !name_fits(&path) {
             return Ok(None);
         }
+        let Some(budget) = &self.inner.budget else {
+            return self.load_from(&path);
+        };
+        // guard: E17-a-load-pins-its-block
+        let pin = budget.pin(&path);
+        let loaded = self.load_from(&path);
+        match &loaded {
+            Ok(None) => budget.lose(&path),
+            Err(TierError::Corrupt { .. }) => {
+                let _ = fs::remove_file(&path);
+                budget.lose(&path);
+            }
+            _ => {}
+        }
+        drop(pin);
+        loaded
+    }
+
+    fn load_from(&self, path: &Path) -> Result<Option<Vec<u8>>, TierError> {
         let follow = self.inner.follow_symlinks;
-        let file = match open_for_read(&path, follow) {
+        let file = match open_for_read(path, follow) {
             Ok(file) => file,
             Err(error) if is_absent(&error) => return Ok(None),
             Err(error) if is_link_refused(&error) => {
@@ -294,11 +402,11 @@ impl FsTier {
                     what: "a symbolic link",
                 });
             }
-            Err(error) => return Err(TierError::io("open", &path, error)),
+            Err(error) => return Err(TierError::io("open", path, error)),
         };
         let metadata = file
             .metadata()
-            .map_err(|error| TierError::io("stat", &path, error))?;
+            .map_err(|error| TierError::io("stat", path, error))?;
         if !metadata.is_file() {
             return Err(TierError::NotABlock {
                 path: path.display().to_string(),
@@ -306,13 +414,42 @@ impl FsTier {
             });
         }
         if !follow {
-            refuse_linked_shards(&path)?;
+            refuse_linked_shards(path)?;
         }
-        read_block(file, metadata.len(), self.inner.max_block_bytes, &path).map(Some)
+        read_block(file, metadata.len(), self.inner.max_block_bytes, path).map(Some)
+    }
+
+    /// The byte budget's counters and gauges (`None` without a budget):
+    /// resident and reserved bytes, evictions, refusals by reason, ENOSPC,
+    /// startup trims. Reading them costs the same at any size.
+    pub fn capacity_stats(&self) -> Option<CapacityStats> {
+        self.inner.budget.as_ref().map(DirBudget::stats)
+    }
+
+    /// What the budget's startup scan found and did (`None` without a
+    /// budget).
+    pub fn scan_report(&self) -> Option<&ScanReport> {
+        self.inner.scan.as_ref()
+    }
+
+    /// Sets the byte budget to `capacity` and deletes blocks (by the
+    /// policy) until the tier's files fit it; blocks being read or written
+    /// stay until those end. Returns how many were deleted. An error when
+    /// the tier was opened without a budget.
+    pub fn trim(&self, capacity: u64) -> Result<usize, TierError> {
+        match &self.inner.budget {
+            Some(budget) => Ok(budget.trim(capacity)),
+            None => Err(TierError::Config(
+                "the tier has no byte budget to trim to (FsOptions::capacity_bytes)".into(),
+            )),
+        }
     }
 
     /// Stores `payload` as the block for `key`, now, on this thread:
-    /// written to a temporary file, then renamed into place.
+    /// written to a temporary file, then renamed into place. With a byte
+    /// budget, room is made first ([`TierError::NoRoom`] when it cannot
+    /// be), and a block the budget holds whose file is in place is not
+    /// written again.
     pub fn store(&self, key: &(impl BlockKey + ?Sized), payload: &[u8]) -> Result<(), TierError> {
         write_block(&self.inner, &self.path_of(key), payload)
     }
@@ -397,264 +534,6 @@ impl FsTier {
     }
 }
 
-/// Joins block names to the tier's directory in one reused buffer.
-pub(super) struct PathWriter<'a> {
-    dir: &'a Path,
-    path: PathBuf,
-}
-
-impl<'a> PathWriter<'a> {
-    pub(super) fn new(dir: &'a Path) -> Self {
-        Self {
-            dir,
-            path: dir.to_path_buf(),
-        }
-    }
-
-    /// `dir/name`.
-    pub(super) fn below(&mut self, name: &str) -> &Path {
-        let path = self.path.as_mut_os_string();
-        path.clear();
-        path.push(self.dir.as_os_str());
-        self.path.push(name);
-        &self.path
-    }
-}
-
-/// `stat` the final file: present and a regular file. A symlink there is a
-/// miss unless links are followed.
-pub(super) fn exists(path: &Path, follow: bool) -> Result<bool, TierError> {
-    let metadata = if follow {
-        fs::metadata(path)
-    } else {
-        fs::symlink_metadata(path)
-    };
-    match metadata {
-        Ok(metadata) => Ok(metadata.is_file()),
-        Err(error) if is_absent(&error) => Ok(false),
-        Err(error) => Err(TierError::io("stat", path, error)),
-    }
-}
-
-/// Nothing there: not found, or a shard "directory" that is a file, below
-/// which nothing can be stored.
-pub(super) fn is_absent(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-    )
-}
-
-/// Whether the file name of a `/`-separated block path fits (see [`MAX_NAME`]).
-fn relative_name_fits(path: &str) -> bool {
-    path.rsplit('/')
-        .next()
-        .is_some_and(|name| name.len() <= MAX_NAME)
-}
-
-/// Whether the block's file name fits (see [`MAX_NAME`]).
-fn name_fits(path: &Path) -> bool {
-    path.file_name().is_some_and(|name| name.len() <= MAX_NAME)
-}
-
-/// A temporary file of a save: `<hex>.bin.<suffix>.tmp`.
-fn is_temp_name(name: &str) -> bool {
-    name.ends_with(".tmp") && name.contains(".bin.")
-}
-
-/// Opens a block for reading without blocking (a FIFO opened for reading
-/// waits for a writer, unless opened non-blocking) and, unless links are
-/// followed, without following a link at the block's name.
-pub(super) fn open_for_read(path: &Path, follow: bool) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-        options.custom_flags(libc::O_NONBLOCK | nofollow);
-    }
-    #[cfg(not(unix))]
-    let _ = follow;
-    options.open(path)
-}
-
-/// Whether an open failed because `O_NOFOLLOW` met a link.
-fn is_link_refused(error: &io::Error) -> bool {
-    #[cfg(unix)]
-    return error.raw_os_error() == Some(libc::ELOOP);
-    #[cfg(not(unix))]
-    return false;
-}
-
-/// What a non-regular file is, for errors.
-pub(super) fn kind_of(kind: &fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if kind.is_fifo() {
-            return "a FIFO";
-        }
-        if kind.is_socket() {
-            return "a socket";
-        }
-        if kind.is_char_device() || kind.is_block_device() {
-            return "a device";
-        }
-    }
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_symlink() {
-        "a symbolic link"
-    } else {
-        "not a regular file"
-    }
-}
-
-/// Refuses `path` if it is a symbolic link.
-fn refuse_link(path: &Path) -> Result<(), TierError> {
-    match fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.file_type().is_symlink() => Err(TierError::NotABlock {
-            path: path.display().to_string(),
-            what: "a symbolic link",
-        }),
-        Ok(_) => Ok(()),
-        Err(error) => Err(TierError::io("stat", path, error)),
-    }
-}
-
-/// Refuses a block path whose two shard directories are symbolic links:
-/// the block would be read or written outside the root.
-fn refuse_linked_shards(path: &Path) -> Result<(), TierError> {
-    let shard = path.parent().expect("block paths have a shard directory");
-    let top = shard.parent().expect("shard directories have a parent");
-    refuse_link(top)?;
-    refuse_link(shard)
-}
-
-/// Creates a block's two shard directories where missing (and the
-/// namespace directory, should it have been removed since `open`). Unless
-/// links are followed, each shard is refused if it is a link before anything
-/// is created below it, so not even a directory is made outside the root.
-fn create_shards(path: &Path, follow: bool) -> Result<(), TierError> {
-    let shard = path.parent().expect("block paths have a shard directory");
-    let top = shard.parent().expect("shard directories have a parent");
-    let namespace = top.parent().expect("shards live in a namespace directory");
-    fs::create_dir_all(namespace).map_err(|source| TierError::io("create", namespace, source))?;
-    for dir in [top, shard] {
-        match fs::create_dir(dir) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(TierError::io("create", dir, error)),
-        }
-        // guard: F6-store-refuses-linked-shards
-        if !follow {
-            refuse_link(dir)?;
-        }
-    }
-    Ok(())
-}
-
-/// Reads the block in `file` (of `size` bytes): the header first, then at
-/// most the payload it promises, and only once the promise is within
-/// `limit` and agrees with the size.
-fn read_block(file: File, size: u64, limit: u64, path: &Path) -> Result<Vec<u8>, TierError> {
-    let corrupt = |kind| TierError::Corrupt {
-        location: path.display().to_string(),
-        kind,
-    };
-    let read_error = |error| TierError::io("read", path, error);
-    let mut file = file;
-    let mut header = [0u8; HEADER_LEN];
-    let mut got = 0;
-    while got < HEADER_LEN {
-        match file.read(&mut header[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(read_error(error)),
-        }
-    }
-    if got < HEADER_LEN {
-        return Err(corrupt(match format::decode(&header[..got]) {
-            Err(kind) => kind,
-            Ok(_) => Corruption::Truncated {
-                expected: HEADER_LEN as u64,
-                found: got as u64,
-            },
-        }));
-    }
-    let length = format::payload_length(&header).map_err(corrupt)?;
-    // guard: F5-load-checks-the-promised-length
-    if length > limit {
-        return Err(corrupt(Corruption::TooLarge { length, limit }));
-    }
-    let expected = HEADER_LEN as u64 + length;
-    if size < expected {
-        return Err(corrupt(Corruption::Truncated {
-            expected,
-            found: size,
-        }));
-    }
-    if size > expected {
-        return Err(corrupt(Corruption::Trailing {
-            extra: size - expected,
-        }));
-    }
-    let mut block = Vec::with_capacity(expected as usize);
-    block.extend_from_slice(&header);
-    // One byte more than promised: a file that grew since its size was
-    // read shows as trailing bytes instead of being read to its end.
-    file.take(length + 1)
-        .read_to_end(&mut block)
-        .map_err(read_error)?;
-    match format::decode(&block) {
-        Ok(_) => {
-            block.drain(..HEADER_LEN);
-            Ok(block)
-        }
-        Err(kind) => Err(corrupt(kind)),
-    }
-}
-
-/// A suffix no other temporary name of this or another process (in this or
-/// another PID namespace, on this or another host of a shared mount) is
-/// likely to have: 64 bits from std's randomly keyed hasher over a
-/// process-unique counter. Creation is exclusive too, so a collision is
-/// retried, never shared.
-fn temp_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u64(crate::sync::unique_id());
-    hasher.finish()
-}
-
-/// Creates a new temporary file next to `path`, exclusively, named
-/// `temp_name(suffix)` for a fresh random suffix (retried on a collision).
-pub(super) fn create_temp(
-    path: &Path,
-    temp_name: impl Fn(u64) -> String,
-) -> Result<(File, PathBuf), TierError> {
-    let mut last_error = None;
-    for _ in 0..8 {
-        let tmp = path.with_file_name(temp_name(temp_suffix()));
-        let mut options = OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NOFOLLOW);
-        }
-        match options.open(&tmp) {
-            Ok(file) => return Ok((file, tmp)),
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last_error = Some(error),
-            Err(error) => return Err(TierError::io("create", &tmp, error)),
-        }
-    }
-    let error = last_error.expect("eight attempts failed");
-    Err(TierError::io("create a temporary file for", path, error))
-}
-
 fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierError> {
     let name = path
         .file_name()
@@ -674,6 +553,16 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
             inner.max_block_bytes
         )));
     }
+    // guard: E18-a-store-gets-room-before-it-writes
+    let Some(budget) = &inner.budget else {
+        return write_file(inner, path, &name, payload);
+    };
+    let bytes = HEADER_LEN as u64 + payload.len() as u64;
+    budget.store(path, bytes, || write_file(inner, path, &name, payload))
+}
+
+/// Writes the block's temporary file and renames it into place.
+fn write_file(inner: &Inner, path: &Path, name: &str, payload: &[u8]) -> Result<(), TierError> {
     create_shards(path, inner.follow_symlinks)?;
     // guard: F1-atomic-publish
     let (mut file, tmp) = create_temp(path, |suffix| format!("{name}.{suffix:016x}.tmp"))?;
@@ -744,54 +633,4 @@ where
         })
         .await
     }
-}
-
-/// Stats the block file of each of `keys` below `dir` on tokio's blocking
-/// pool. `name` writes a key's path below `dir` into an empty string and
-/// says whether such a file can exist at all; a key it says no to is a miss
-/// without a call. Shared by the async lookups of the fs tier and of vLLM's
-/// layout.
-#[cfg(tokio_driver)]
-pub(super) async fn stat_blocking<K>(
-    dir: PathBuf,
-    keys: &[K],
-    follow: bool,
-    mut name: impl FnMut(&K, &mut String) -> bool,
-) -> Result<Vec<bool>, TierError> {
-    // The blocking task needs owned names: all of them in one string, an
-    // empty one for a key that names no file.
-    let mut names = String::new();
-    let mut ends = Vec::with_capacity(keys.len());
-    let mut scratch = String::new();
-    for key in keys {
-        scratch.clear();
-        if name(key, &mut scratch) {
-            names.push_str(&scratch);
-        }
-        ends.push(names.len());
-    }
-    tokio::task::spawn_blocking(move || {
-        let mut paths = PathWriter::new(&dir);
-        let mut start = 0;
-        ends.iter()
-            .map(|&end| {
-                let name = &names[start..end];
-                start = end;
-                if name.is_empty() {
-                    return Ok(false);
-                }
-                exists(paths.below(name), follow)
-            })
-            .collect()
-    })
-    .await
-    .unwrap_or_else(|join| match join.try_into_panic() {
-        // The prober catches and counts it like any backend panic.
-        Ok(payload) => std::panic::resume_unwind(payload),
-        Err(join) => Err(TierError::io(
-            "stat",
-            Path::new("<group>"),
-            io::Error::other(join),
-        )),
-    })
 }

@@ -168,7 +168,15 @@ const MAX_COMPONENT: usize = 255;
 /// Checks a namespace: non-empty `/`-separated components, none empty, `.`
 /// or `..`, none with a backslash or NUL, none longer than a file name, so a
 /// namespace can never climb out of the tier's root and is always a path.
-pub(crate) fn check_namespace(namespace: &str) -> Result<(), String> {
+/// The error says what is wrong.
+///
+/// ```
+/// use kvtier::tier::check_namespace;
+///
+/// assert!(check_namespace("llama-3-8b/9f2c1e/rank0").is_ok());
+/// assert!(check_namespace("../etc").is_err());
+/// ```
+pub fn check_namespace(namespace: &str) -> Result<(), String> {
     if namespace.is_empty() {
         return Err("the namespace is empty".into());
     }

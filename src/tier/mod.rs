@@ -12,6 +12,10 @@
 //! length and CRC-32), answer lookup groups for the drivers, and hand out
 //! save tasks for the [`SaveTracker`](crate::SaveTracker).
 
+#[cfg(fs_tier)]
+pub(crate) mod budget;
+#[cfg(fs_tier)]
+mod files;
 pub(crate) mod format;
 #[cfg(fs_tier)]
 mod fs;
@@ -54,10 +58,12 @@ mod vllm;
 
 use std::path::{Path, PathBuf};
 
+#[cfg(fs_tier)]
+pub use budget::{BlockLayout, ScanReport, scan_directory};
 pub use format::Corruption;
 #[cfg(fs_tier)]
 pub use fs::{FsOptions, FsSaveTask, FsTier};
-pub use key::BlockKey;
+pub use key::{BlockKey, check_namespace};
 #[cfg(object_tier)]
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
@@ -132,6 +138,20 @@ pub enum TierError {
         length: usize,
         /// What the layout expects.
         reason: &'static str,
+    },
+    /// A store found no room in the tier's byte budget
+    /// ([`FsOptions::capacity_bytes`]): nothing was written, and every
+    /// block already stored stays.
+    #[error("no room for {bytes} bytes of {path} in a {capacity}-byte tier: {reason}")]
+    NoRoom {
+        /// The block's path.
+        path: String,
+        /// The block's bytes.
+        bytes: u64,
+        /// The tier's capacity.
+        capacity: u64,
+        /// Why.
+        reason: crate::capacity::Rejection,
     },
     /// Stored bytes are not a whole, intact block.
     #[error("block {location} is damaged: {kind}")]

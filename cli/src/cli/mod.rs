@@ -15,6 +15,7 @@ mod report;
 mod save_worker;
 mod saves;
 mod temp;
+mod trim;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ use clap::{Parser, Subcommand};
   kvtier probe --s3 's3://kv-cache/llama?endpoint=http://127.0.0.1:9000' --keys 2000 --json
   kvtier saves --workers 2 --steps 500          # scheduler + 2 worker processes, checked frees
   kvtier saves --kill 1@40                      # ... with worker 1 killed -9 at step 40
+  kvtier trim --fs /mnt/kv --capacity 50G       # newest blocks kept within 50 GiB, oldest deleted
+  kvtier trim --fs /mnt/kv/<model>/..._r0 --layout vllm --capacity 50G   # vLLM's layout
 
 Exit codes: 0 success, 1 failure during the run, 2 bad input, 3 storage unreachable."
 )]
@@ -60,6 +63,10 @@ enum Command {
     /// over pipes, and every free is checked against the files on disk.
     /// Faults on demand (--kill, --drop-step, --repeat-step).
     Saves(saves::SavesArgs),
+    /// Bring a tier's block files under a byte budget: the newest kept,
+    /// the oldest deleted, dead writers' temporary files swept (without
+    /// --capacity: print the usage only).
+    Trim(trim::TrimArgs),
     /// One worker of `kvtier saves` (started by it): steps on stdin,
     /// reports on stdout.
     #[command(hide = true)]
@@ -121,6 +128,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Probe(args) => probe::run(&args),
         Command::Saves(args) => saves::run(&args),
+        Command::Trim(args) => trim::run(&args),
         Command::SaveWorker(args) => save_worker::run(&args),
     };
     match result {

@@ -11,6 +11,9 @@ use kvtier::{
     lookup::TokioLookup, tier::FsOptions, tier::S3Options,
 };
 
+use kvtier::capacity::Policy;
+use kvtier::tier::{BlockLayout, scan_directory};
+
 use super::Failure;
 use super::report::{ms, ms_or_dash, quantile};
 
@@ -205,6 +208,16 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     let stats = lookup.stats();
     lookup.shutdown().map_err(|error| failed(error.into()))?;
+    // The fs tier's usage: its block files and their bytes (read only).
+    let usage = match &tier {
+        Tier::Fs(fs) => {
+            let dir = fs.root().join(fs.namespace());
+            let report = scan_directory(&dir, BlockLayout::Kvtier, None, Policy::Lru, None)
+                .map_err(|error| Failure::run(error.to_string()))?;
+            Some(report)
+        }
+        Tier::S3(_) => None,
+    };
     // Keys, not groups; a failed head fails its whole group on either tier.
     let errors = failed_keys;
     let p50 = quantile(&mut latencies, 0.50);
@@ -231,6 +244,11 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 "p99": p99.map(ms),
                 "max": max.map(ms),
             },
+            "usage": usage.as_ref().map(|u| serde_json::json!({
+                "blocks": u.blocks,
+                "bytes": u.bytes,
+                "scan_s": u.elapsed.as_secs_f64(),
+            })),
         });
         say!("{report}");
     } else {
@@ -255,6 +273,14 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             "  throughput    {keys_per_s:.0} keys/s ({:.3} s for all keys)",
             elapsed.as_secs_f64()
         );
+        if let Some(usage) = &usage {
+            say!(
+                "  usage         {} blocks, {} bytes (scanned in {:.3} s; `kvtier trim` bounds it)",
+                usage.blocks,
+                usage.bytes,
+                usage.elapsed.as_secs_f64()
+            );
+        }
     }
     outcome(args.keys, errors, stats.timeouts, timed_out_keys)
 }

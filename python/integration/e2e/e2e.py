@@ -25,15 +25,24 @@ and once with vLLM's own fs tier (the control). What it checks:
 - kvtier's KV connector, alone and under MultiConnector: deferred dumps
   under preemption and aborts, restart hits, SIGKILL mid-dump, the bytes
   of a blocking save, vLLM's fs tier reading its files (``e2e_connector.py``);
+- a byte budget below the working set (``"capacity_bytes"``), through
+  tiering and through the connector: the outputs equal, and the tier's
+  files stay within the budget at every sample (``e2e_capacity.py``);
 - every clean run: no ``Traceback`` or ``BufferError`` in any engine
   process's output (vLLM's own chat-template warmup warning, which every
   engine started with ``skip_tokenizer_init`` prints, is the one record
   let through), exit status 0, and no /dev/shm offload region left.
 
     python e2e.py --work DIR [--tiers kvtier,vllm] [--scenarios ...] [--control ...]
+                  [--connector-multi full|pressure]
 
-(``--control``: the scenarios that also run on vLLM's fs tier; CI keeps
-the control to the restart and the cross-read, which the others build on.)
+(``--control``: the scenarios that also run on vLLM's fs tier, or ``none``;
+the cross-read always has vLLM's tier serve an engine from kvtier's files.
+``--connector-multi pressure``: under MultiConnector only the run under
+pressure, not its restart and the SIGKILL scenario. CI runs no control and
+``--connector-multi pressure``: the cross-read's fresh engine on vLLM's tier
+already shows the checks pass on vLLM's own code, and the restart and the
+kill are the connector's, whatever wraps it.)
 
 Run it with the vLLM venv's Python (``vllm.sh --e2e`` does). Exits non-zero
 and names what failed when a check fails.
@@ -55,7 +64,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector")
+SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity")
 #: Tokens per prompt: 18 blocks of 32.
 PROMPT_TOKENS = 576
 PROMPTS = 6
@@ -438,12 +447,20 @@ def main() -> int:
     parser.add_argument(
         "--control",
         default="restart,crash,damage,preempt",
-        help="the scenarios that also run on vLLM's fs tier, the control (restart and cross always do)",
+        help="the scenarios that also run on vLLM's fs tier, the control, or 'none' (cross always does)",
+    )
+    parser.add_argument(
+        "--connector-multi",
+        default="full",
+        choices=("full", "pressure"),
+        help="under MultiConnector: every connector scenario (full), or the run under pressure only",
     )
     args = parser.parse_args()
     tiers = args.tiers.split(",")
     scenarios = args.scenarios.split(",")
-    control = set(args.control.split(",")) | {"restart"}
+    control = set() if args.control == "none" else set(args.control.split(","))
+    if "damage" in control:
+        control.add("restart")  # the damage scenario damages the restart's files
     unknown = set(scenarios) - set(SCENARIOS) or set(tiers) - {"kvtier", "vllm"} or control - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown: {sorted(unknown)}")
@@ -456,6 +473,8 @@ def main() -> int:
         roots = {}
         if {"restart", "damage"} & set(scenarios):
             for tier in tiers:
+                if tier == "vllm" and "restart" not in control:
+                    continue
                 print(f"restart: {tier}", flush=True)
                 roots[tier] = harness.restart(tier)
         if "chunks" in scenarios:
@@ -483,12 +502,22 @@ def main() -> int:
 
             deferred = {}
             for mode in ("alone", "multi"):
-                print(f"connector: {mode}, under pressure, then a restart", flush=True)
-                deferred[mode] = e2e_connector.pressure(harness, mode)
-                print(f"connector: {mode}, SIGKILL mid-dump, then a restart", flush=True)
-                e2e_connector.killed(harness, mode)
+                full = mode == "alone" or args.connector_multi == "full"
+                print(f"connector: {mode}, under pressure{', then a restart' if full else ''}", flush=True)
+                deferred[mode] = e2e_connector.pressure(harness, mode, restart=full)
+                if full:
+                    print(f"connector: {mode}, SIGKILL mid-dump, then a restart", flush=True)
+                    e2e_connector.killed(harness, mode)
             print("connector: a blocking save's bytes; vLLM's fs tier reads the files", flush=True)
             e2e_connector.blocking_and_cross(harness, deferred["alone"])
+        if "capacity" in scenarios:
+            sys.modules.setdefault("e2e", sys.modules[__name__])
+            import e2e_capacity
+
+            print("capacity: tiering with a budget below the working set, then a restart", flush=True)
+            e2e_capacity.tiering(harness)
+            print("capacity: the connector under pressure with a budget", flush=True)
+            e2e_capacity.connector(harness)
     except CheckFailed as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1

@@ -36,6 +36,22 @@ def _int(extra: Mapping[str, Any], name: str, default: int, low: int, high: int)
     return value
 
 
+def _capacity(extra: Mapping[str, Any]) -> Optional[int]:
+    """``capacity_bytes``: the byte budget of each rank's directory, or
+    ``None`` (unbounded)."""
+    value = extra.get("capacity_bytes")
+    if value is None:
+        return None
+    return _int(extra, "capacity_bytes", 0, 1, 2**64 - 1)
+
+
+def _policy(extra: Mapping[str, Any]) -> str:
+    value = extra.get("eviction_policy", "lru")
+    if value not in ("lru", "s3fifo"):
+        raise ConfigError(f"kv_connector_extra_config['eviction_policy'] is 'lru' or 's3fifo', not {value!r}")
+    return value
+
+
 def _seconds(extra: Mapping[str, Any], name: str, default: Optional[float], allow_none: bool) -> Optional[float]:
     value = extra.get(name, default)
     if value is None and allow_none:
@@ -63,6 +79,8 @@ _KNOWN = {
     "shutdown_grace",
     "stale_temp_age",
     "blocking_save",
+    "capacity_bytes",
+    "eviction_policy",
 }
 
 
@@ -82,6 +100,8 @@ class ConnectorSettings:
     stale_temp_age: Optional[float]
     blocking_save: bool
     world_size: int
+    capacity_bytes: Optional[int] = None
+    eviction_policy: str = "lru"
     run_config: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
@@ -142,6 +162,8 @@ class ConnectorSettings:
             stale_temp_age=_seconds(extra, "stale_temp_age", 600.0, True),
             blocking_save=blocking,
             world_size=world,
+            capacity_bytes=_capacity(extra),
+            eviction_policy=_policy(extra),
             run_config=mapper.get_run_config(),
         )
 

@@ -46,6 +46,7 @@ class WorkerSide:
 
     def attach(self, tensors: list[tuple["torch.Tensor", int]], groups: list[list[tuple[int, int]]]) -> None:
         """Takes the KV cache (``register_kv_caches``)."""
+        # guard: K11-the-connectors-budget-reaches-its-transfers
         self.engine = DumpEngine(
             self.settings.rank_dir(self.rank),
             tensors,
@@ -53,11 +54,10 @@ class WorkerSide:
             staging_bytes=self.settings.staging_bytes,
             copy_threads=self.settings.copy_threads,
             io_threads=self.settings.io_threads,
+            stale_temp_age=self.settings.stale_temp_age,
+            capacity_bytes=self.settings.capacity_bytes,
+            eviction_policy=self.settings.eviction_policy,
         )
-        if self.settings.stale_temp_age is not None and self.engine is not None:
-            transfers = self.engine._transfers
-            if transfers is not None:
-                transfers.sweep_stale_temps(self.settings.stale_temp_age)
         logger.info(
             "kvtier connector worker %d: %d KV tensors, %d bytes per block, %d staging slots",
             self.rank,
@@ -187,4 +187,7 @@ class WorkerSide:
         if self.engine is not None:
             stats.update(self.engine.stats)
             stats["dumps_in_flight"] = self.engine.in_flight()
+            # The byte budget's counters, as capacity_<name>.
+            capacity = self.engine.capacity_stats() or {}
+            stats.update({f"capacity_{name}": value for name, value in capacity.items()})
         return stats

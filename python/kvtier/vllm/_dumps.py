@@ -31,6 +31,9 @@ import torch
 
 from .._native import BlockCopier, VllmTransfers
 
+#: A stale age no temporary file reaches: a budget's scan sweeps none.
+_NEVER = 365.0 * 86_400.0
+
 logger = logging.getLogger("kvtier.vllm")
 
 __all__ = ["Dump", "DumpEngine", "LoadResult"]
@@ -101,6 +104,9 @@ class DumpEngine:
         staging_bytes: int,
         copy_threads: int,
         io_threads: int,
+        stale_temp_age: Optional[float] = None,
+        capacity_bytes: Optional[int] = None,
+        eviction_policy: str = "lru",
     ) -> None:
         if len(groups) != 1:
             raise ValueError(f"the connector handles one KV-cache group, not {len(groups)}")
@@ -118,9 +124,19 @@ class DumpEngine:
             copier_tensors.append((engine, self._staging[:, offset : offset + page], page))
             offset += page
         self._copier: Optional[BlockCopier] = BlockCopier(copier_tensors, groups, 1, threads=copy_threads)
+        # A byte budget's scan sweeps the stale temporary files at once;
+        # without one they are swept in the background.
         self._transfers: Optional[VllmTransfers] = VllmTransfers(
-            rank_dir, self._staging.numpy(), load_threads=io_threads, store_threads=io_threads
+            rank_dir,
+            self._staging.numpy(),
+            load_threads=io_threads,
+            store_threads=io_threads,
+            capacity_bytes=capacity_bytes,
+            eviction_policy=eviction_policy,
+            stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
         )
+        if capacity_bytes is None and stale_temp_age is not None:
+            self._transfers.sweep_stale_temps(stale_temp_age)
         self.rank_dir = rank_dir
         self._free: list[int] = list(range(self.dump_slots_total))
         self._load_free: list[int] = list(range(self.dump_slots_total, total))
@@ -199,6 +215,10 @@ class DumpEngine:
                 return
             else:
                 time.sleep(_POLL)
+
+    def capacity_stats(self) -> Optional[dict[str, int]]:
+        """The byte budget's counters (``None`` without one, or shut down)."""
+        return self._transfers.capacity_stats() if self._transfers is not None else None
 
     def in_flight(self) -> int:
         """Dumps queued, copying or writing."""

@@ -58,7 +58,11 @@ Settings (``kv_connector_extra_config``): ``root_dir`` (required),
 ``lookup_timeout`` (2 s; ``None``: no limit), ``shutdown_grace`` (2 s),
 ``stale_temp_age`` (600 s: temporary files of dead writers older than this
 are swept at start; ``None``: no sweep), ``blocking_save`` (False; True
-makes ``wait_for_save`` wait for its dumps, vLLM's synchronous reference).
+makes ``wait_for_save`` wait for its dumps, vLLM's synchronous reference),
+``capacity_bytes`` (``None``: unbounded; otherwise the byte budget of each
+rank's directory, as ``kvtier.vllm.FsTier`` keeps it: a scan at start,
+room made by eviction before each dump, a dump without room a failed dump,
+nothing lost) and ``eviction_policy`` (``"lru"`` or ``"s3fifo"``).
 
 Models with one KV-cache group, block hashes of one block each. Needs
 vLLM (0.32).

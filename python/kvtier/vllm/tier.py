@@ -68,6 +68,8 @@ __all__ = ["FsTier"]
 # The longest shutdown grace (seconds): a day; vLLM kills its engine
 # processes 5 s after SIGTERM by default anyway.
 _MAX_GRACE = 86_400.0
+# A stale age no temporary file reaches: the budget's scan sweeps none.
+_NEVER = 365.0 * 86_400.0
 
 
 def _check_root_dir(root_dir: object) -> str:
@@ -134,6 +136,21 @@ class FsTier(SecondaryTierManager):
     that died mid-store and older than this many seconds are swept in the
     background, default 600: younger ones may be another live engine's;
     ``None``: no sweep).
+
+    ``capacity_bytes`` bounds the bytes of the tier's block files (default
+    ``None``: unbounded, as vLLM's fs tier). With a budget the tier scans
+    its directory at start (the newest blocks that fit are kept, older ones
+    deleted, stale temporary files swept), every store first makes room by
+    evicting blocks (``eviction_policy``: ``"lru"``, the default, or
+    ``"s3fifo"``), a store that cannot get room fails as a job (nothing is
+    lost; the block is computed again when needed), and loads pin their
+    blocks. A lookup may still answer a block evicted since: its load
+    fails, and only the failed tail is marked a miss. ``capacity_stats()``
+    gives the counters (resident and reserved bytes, evictions, refusals,
+    ENOSPC, startup trims)::
+
+        {"type": "FsTier", "module_path": "kvtier.vllm", "root_dir": "/mnt/kv",
+         "capacity_bytes": 50 * 2**30}
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -153,6 +170,8 @@ class FsTier(SecondaryTierManager):
         lookup_timeout: Optional[float] = 2.0,
         shutdown_grace: float = 2.0,
         stale_temp_age: Optional[float] = 600.0,
+        capacity_bytes: Optional[int] = None,
+        eviction_policy: str = "lru",
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if not 0 <= shutdown_grace <= _MAX_GRACE:
@@ -183,11 +202,33 @@ class FsTier(SecondaryTierManager):
         )
         _write_run_config(self.file_mapper)
         rank_dir = f"{self.file_mapper.base_path}_r{self.file_mapper.rank}"
+        # With a budget, the scan at construction sweeps the stale
+        # temporary files (all of them are kept when the sweep is off).
+        # guard: N8-capacity-bytes-reaches-the-tier
         self._transfers = VllmTransfers(
-            rank_dir, primary_kv_view, load_threads=n_read_threads, store_threads=n_write_threads
+            rank_dir,
+            primary_kv_view,
+            load_threads=n_read_threads,
+            store_threads=n_write_threads,
+            capacity_bytes=capacity_bytes,
+            eviction_policy=eviction_policy,
+            stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
         )
         _check_layout(self.file_mapper, self._transfers)
-        if stale_temp_age is not None:
+        if capacity_bytes is not None:
+            report = self._transfers.scan_report()
+            logger.info(
+                "tier %r: %d bytes budget, %d blocks (%d bytes) found, %d trimmed, %d stale temporary "
+                "files swept, in %.2f s",
+                tier_type,
+                capacity_bytes,
+                report["blocks"],
+                report["bytes"],
+                report["trimmed"],
+                report["swept"],
+                report["seconds"],
+            )
+        elif stale_temp_age is not None:
             self._transfers.sweep_stale_temps(stale_temp_age)
         lookup = Lookup.vllm_fs(
             rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
@@ -257,6 +298,11 @@ class FsTier(SecondaryTierManager):
                 )
             )
         return results
+
+    def capacity_stats(self) -> Optional[dict[str, int]]:
+        """The byte budget's counters and gauges (``None`` without
+        ``capacity_bytes``)."""
+        return self._transfers.capacity_stats()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is not None:

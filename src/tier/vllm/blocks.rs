@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::super::TierError;
+use super::super::files::{create_temp, is_absent, kind_of, open_for_read};
 use super::super::format::Corruption;
-use super::super::fs::{create_temp, is_absent, kind_of, open_for_read};
 
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,7 +139,7 @@ fn remove_if_same_file(path: &Path, read: &fs::Metadata) {
 
 /// Whether `name` is a temporary file a block writer makes beside a block:
 /// `<hex>.bin_<suffix>.tmp`, as both kvtier's and vLLM's writers name them.
-fn is_block_temp(name: &str) -> bool {
+pub(crate) fn is_block_temp(name: &str) -> bool {
     name.ends_with(".tmp") && name.contains(".bin_")
 }
 

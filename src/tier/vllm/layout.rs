@@ -14,7 +14,9 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use super::super::TierError;
-use super::super::fs::{PathWriter, exists, stat_blocking};
+#[cfg(tokio_driver)]
+use super::super::files::stat_blocking;
+use super::super::files::{PathWriter, exists};
 use super::super::key::push_hex_bytes;
 use crate::lookup::Backend;
 

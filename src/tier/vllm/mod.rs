@@ -13,6 +13,7 @@ mod layout;
 mod region;
 mod transfers;
 
+pub(crate) use blocks::is_block_temp;
 pub use layout::VllmFsLayout;
 pub use region::PrimaryRegion;
 pub use transfers::{

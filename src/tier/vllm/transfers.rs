@@ -19,9 +19,11 @@ use super::blocks::{load_block, store_block, sweep_temps};
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::SaveTracker;
+use crate::capacity::{CapacityStats, Policy};
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::tier::budget::{BlockLayout, DirBudget, ScanReport};
 use crate::tier::pool::IoPool;
 use crate::tier::{MAX_IO_THREADS, TierError};
 
@@ -199,6 +201,8 @@ pub struct VllmTransfers {
     submitted: Vec<Job>,
     /// Temporary files swept (see [`sweep_stale_temps`](Self::sweep_stale_temps)).
     swept: Arc<AtomicUsize>,
+    /// The byte budget, once [`set_budget`](Self::set_budget) set one.
+    budget: Option<(DirBudget, ScanReport)>,
 }
 
 impl VllmTransfers {
@@ -238,7 +242,58 @@ impl VllmTransfers {
             jobs: SaveTracker::new(),
             submitted: Vec::new(),
             swept: Arc::default(),
+            budget: None,
         })
+    }
+
+    /// Bounds the rank directory's block files to `capacity` bytes: scans
+    /// it now (the newest blocks that fit are counted, older ones deleted,
+    /// temporary files older than `stale_temp_age` deleted), then every
+    /// store gets room first (evicting by `policy`; a store that cannot is
+    /// a failed job, nothing lost) and every load pins its blocks. Call it
+    /// once, before the first job.
+    pub fn set_budget(
+        &mut self,
+        capacity: u64,
+        policy: Policy,
+        stale_temp_age: Duration,
+    ) -> Result<&ScanReport, TierError> {
+        if self.budget.is_some() {
+            return Err(TierError::Config(
+                "the transfers have a byte budget already".into(),
+            ));
+        }
+        let naming = BlockLayout::Vllm.naming();
+        let scanned = DirBudget::scan(
+            capacity,
+            policy,
+            self.layout.rank_dir(),
+            &naming,
+            stale_temp_age,
+        )?;
+        Ok(&self.budget.insert(scanned).1)
+    }
+
+    /// The byte budget's counters and gauges (`None` without one).
+    pub fn capacity_stats(&self) -> Option<CapacityStats> {
+        self.budget.as_ref().map(|(budget, _)| budget.stats())
+    }
+
+    /// What the budget's startup scan found (`None` without one).
+    pub fn scan_report(&self) -> Option<&ScanReport> {
+        self.budget.as_ref().map(|(_, report)| report)
+    }
+
+    /// Sets the budget to `capacity` and deletes blocks until the files
+    /// fit (blocks being read or written stay until those end); returns
+    /// how many were deleted. An error without a budget.
+    pub fn trim(&self, capacity: u64) -> Result<usize, TierError> {
+        match &self.budget {
+            Some((budget, _)) => Ok(budget.trim(capacity)),
+            None => Err(TierError::Config(
+                "the transfers have no byte budget (set_budget)".into(),
+            )),
+        }
     }
 
     /// Queues a sweep of the temporary files that writers which died
@@ -359,11 +414,12 @@ impl VllmTransfers {
         let claim = region.claim(blocks, job.kind.access())?;
         let (task, completer) = CompletionTask::new(());
         let (layout, job) = (self.layout.clone(), job.clone());
+        let budget = self.budget.as_ref().map(|(budget, _)| budget.clone());
         pool.submit_to(
             job.kind.lane(),
             Box::new(move || {
                 let started = Instant::now();
-                let result = transfer(&layout, &job, claim);
+                let result = transfer(&layout, budget.as_ref(), &job, claim);
                 let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 job.progress.nanos.store(nanos, Ordering::Relaxed);
                 // The claim is given back (in `transfer`) before the task
@@ -496,19 +552,41 @@ impl fmt::Debug for VllmTransfers {
 
 /// Moves the job's blocks in order, stopping at the first that fails;
 /// gives the claim back when done.
-fn transfer(layout: &VllmFsLayout, job: &Job, mut claim: Claim) -> Result<(), TierError> {
+fn transfer(
+    layout: &VllmFsLayout,
+    budget: Option<&DirBudget>,
+    job: &Job,
+    mut claim: Claim,
+) -> Result<(), TierError> {
     for (i, key) in job.keys.iter().enumerate() {
         let path = layout.path_of(key)?;
         match job.kind {
-            TransferKind::Store => {
-                store_block(&path, claim.block(i))?;
-            }
+            // guard: E20-vllm-stores-get-room-before-they-write
+            TransferKind::Store => match budget {
+                None => {
+                    store_block(&path, claim.block(i))?;
+                }
+                Some(budget) => {
+                    let block = claim.block(i);
+                    budget.store(&path, block.len() as u64, || {
+                        store_block(&path, block).map(drop)
+                    })?;
+                }
+            },
             TransferKind::Load => {
                 let Some(block) = claim.block_mut(i) else {
                     unreachable!("V1: a load holds the write claim on its blocks");
                 };
+                // guard: E21-vllm-loads-pin-their-blocks
+                let pin = budget.and_then(|budget| budget.pin(&path));
                 // guard: V4-loads-stop-at-the-first-failure
-                load_block(&path, block)?;
+                let loaded = load_block(&path, block);
+                if let (Err(_), Some(budget)) = (&loaded, budget) {
+                    // Missing, or damaged (and then removed): off the books.
+                    budget.lose(&path);
+                }
+                drop(pin);
+                loaded?;
             }
         }
         job.progress.done.store(i + 1, Ordering::Release);

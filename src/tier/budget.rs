@@ -1,0 +1,458 @@
+//! A directory tier's byte budget: the glue between a tier's files and a
+//! [`SharedLedger`] (the sans-IO protocol lives in [`crate::capacity`]).
+//!
+//! The ledger is keyed by a block's path. A store asks for room before its
+//! temporary file is created ([`DirBudget::admit`]) and commits it once the
+//! file is renamed into place; victims are deleted here, outside the
+//! ledger's lock. A load pins its block ([`DirBudget::pin`]); a block found
+//! missing or damaged is dropped from the books ([`DirBudget::lose`]). At
+//! open, [`DirBudget::scan`] counts what a previous run left: the blocks,
+//! newest first by modification time, up to the capacity (older ones are
+//! deleted: startup trims), and the temporary files of writers that died
+//! mid-store (deleted when older than the tier's stale age).
+//!
+//! The budget counts file bytes (a block's length), not what the file
+//! system allocates for them (rounding to its block size, directories).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::TierError;
+use super::files::is_absent;
+use crate::capacity::{Admitted, CapacityLedger, CapacityStats, PinGuard, Policy, SharedLedger};
+use crate::capacity::{Rejection, WriteGuard};
+
+/// What a startup scan found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScanReport {
+    /// Block files counted as resident.
+    pub blocks: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Older block files deleted because the newer ones fill the capacity.
+    pub trimmed: u64,
+    /// Temporary files of dead writers deleted.
+    pub swept: u64,
+    /// How long the scan took.
+    pub elapsed: Duration,
+}
+
+/// Which layout a directory's block files follow, for [`scan_directory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BlockLayout {
+    /// kvtier's [`FsTier`](super::FsTier): the directory is a namespace
+    /// (`<root>/<namespace>`), blocks `<xxx>/<yy>/<hex>.bin`, temporary
+    /// files `<hex>.bin.<suffix>.tmp`.
+    Kvtier,
+    /// vLLM's fs layout: the directory is a rank's (`..._r<rank>`), blocks
+    /// `<xxx>/<yy>_g<group>/<hex>.bin`, temporary files
+    /// `<hex>.bin_<suffix>.tmp`.
+    Vllm,
+}
+
+impl BlockLayout {
+    pub(crate) fn naming(self) -> Naming {
+        match self {
+            Self::Kvtier => Naming {
+                depth: 2,
+                is_block: |name| name.ends_with(".bin"),
+                is_temp: super::files::is_temp_name,
+            },
+            Self::Vllm => Naming {
+                depth: 2,
+                is_block: |name| name.ends_with(".bin"),
+                is_temp: super::vllm::is_block_temp,
+            },
+        }
+    }
+}
+
+/// Counts the block files below `dir` and, with a `capacity`, deletes the
+/// oldest (by modification time) until the rest fit it; with a
+/// `stale_temp_age`, deletes temporary files older than that. Without
+/// either it only reads: the usage of a tier. What `kvtier trim` and the
+/// usage line of `kvtier probe --fs` run; a tier with a budget runs the
+/// same scan when it opens.
+///
+/// Another process storing into the directory meanwhile is not counted
+/// until its next scan; see docs/design.md ("Capacity across processes").
+///
+/// ```
+/// use kvtier::FsTier;
+/// use kvtier::tier::{BlockLayout, scan_directory};
+///
+/// let root = tempfile::tempdir()?;
+/// let tier = FsTier::open(root.path(), "ns")?;
+/// for key in 0u64..4 {
+///     tier.store(&key, &[0; 84])?; // 100 bytes with the header
+/// }
+/// let dir = root.path().join("ns");
+/// let usage = scan_directory(&dir, BlockLayout::Kvtier, None, Default::default(), None)?;
+/// assert_eq!((usage.blocks, usage.bytes), (4, 400));
+/// let trimmed = scan_directory(&dir, BlockLayout::Kvtier, Some(250), Default::default(), None)?;
+/// assert_eq!((trimmed.blocks, trimmed.trimmed), (2, 2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn scan_directory(
+    dir: &Path,
+    layout: BlockLayout,
+    capacity: Option<u64>,
+    policy: Policy,
+    stale_temp_age: Option<Duration>,
+) -> Result<ScanReport, TierError> {
+    let capacity = capacity.unwrap_or(u64::MAX);
+    let stale = stale_temp_age.unwrap_or(Duration::MAX);
+    DirBudget::scan(capacity, policy, dir, &layout.naming(), stale).map(|(_, report)| report)
+}
+
+/// How a tier's files are named, for the scan.
+pub(crate) struct Naming {
+    /// Directory levels between the tier's directory and its block files.
+    pub depth: usize,
+    /// Whether a file name is a block's.
+    pub is_block: fn(&str) -> bool,
+    /// Whether a file name is a store's temporary file.
+    pub is_temp: fn(&str) -> bool,
+}
+
+/// A tier's byte budget over the block files below one directory.
+#[derive(Clone)]
+pub(crate) struct DirBudget {
+    ledger: SharedLedger<PathBuf>,
+}
+
+impl DirBudget {
+    /// Counts the blocks below `dir` that a previous run left (newest
+    /// first, as many as fit; the rest deleted) and deletes temporary files
+    /// older than `stale_temp_age`. Files that vanish or cannot be read
+    /// while it runs are skipped; a directory that cannot be listed is an
+    /// error. One `stat` per file and a sort: linear in the files, plus
+    /// the sort's log factor.
+    pub(crate) fn scan(
+        capacity: u64,
+        policy: Policy,
+        dir: &Path,
+        naming: &Naming,
+        stale_temp_age: Duration,
+    ) -> Result<(Self, ScanReport), TierError> {
+        let started = Instant::now();
+        let now = SystemTime::now();
+        let mut report = ScanReport::default();
+        let mut found: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+        let mut dirs = vec![(dir.to_path_buf(), 0)];
+        while let Some((current, depth)) = dirs.pop() {
+            let entries = match fs::read_dir(&current) {
+                Ok(entries) => entries,
+                Err(error) if is_absent(&error) => continue,
+                Err(error) => return Err(TierError::io("list", &current, error)),
+            };
+            for entry in entries {
+                let Ok(entry) = entry else { continue };
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_dir() && depth < naming.depth {
+                    dirs.push((entry.path(), depth + 1));
+                    continue;
+                }
+                if depth != naming.depth || !kind.is_file() {
+                    continue;
+                }
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let Ok(metadata) = entry.metadata() else {
+                    continue;
+                };
+                let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                if (naming.is_temp)(name) {
+                    let age = now.duration_since(modified).unwrap_or_default();
+                    // guard: E14-only-stale-temporaries-are-swept-at-open
+                    if age >= stale_temp_age && remove(&entry.path()) {
+                        report.swept += 1;
+                    }
+                } else if (naming.is_block)(name) {
+                    found.push((modified, metadata.len(), entry.path()));
+                }
+            }
+        }
+        // Newest first: the ledger counts what fits and names the rest.
+        // guard: E15-the-scan-keeps-the-newest-blocks
+        found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+        let mut ledger = CapacityLedger::new(capacity, policy);
+        let mut victims = Vec::new();
+        for (_, bytes, path) in found {
+            match ledger.seed(path, bytes) {
+                Some(victim) => victims.push(victim),
+                None => {
+                    report.blocks += 1;
+                    report.bytes += bytes;
+                }
+            }
+        }
+        for victim in victims {
+            // Seeded victims are this ledger's, reported once.
+            let _ = if remove(victim.key()) {
+                report.trimmed += 1;
+                ledger.evicted(victim)
+            } else {
+                ledger.eviction_failed(victim)
+            };
+        }
+        report.elapsed = started.elapsed();
+        if report.trimmed + report.swept > 0 {
+            tracing::info!(
+                blocks = report.blocks,
+                trimmed = report.trimmed,
+                swept = report.swept,
+                dir = %dir.display(),
+                "startup scan trimmed the tier to its capacity"
+            );
+        }
+        let budget = Self {
+            ledger: SharedLedger::from_ledger(ledger),
+        };
+        Ok((budget, report))
+    }
+
+    /// The counters and gauges.
+    pub(crate) fn stats(&self) -> CapacityStats {
+        self.ledger.stats()
+    }
+
+    /// Room for the block at `path` of `bytes`: `Ok(None)` when the block is
+    /// resident already and its file is still there (nothing to write).
+    pub(crate) fn admit(
+        &self,
+        path: &Path,
+        bytes: u64,
+    ) -> Result<Option<WriteGuard<PathBuf>>, TierError> {
+        // Twice at most: a resident block whose file has gone is dropped
+        // from the books, then admitted like a new one.
+        for _ in 0..2 {
+            let admitted = self
+                .ledger
+                .admit(path.to_path_buf(), bytes, |victim| remove(victim));
+            match admitted {
+                Ok(Admitted::Write(guard)) => return Ok(Some(guard)),
+                Ok(Admitted::Present) => {
+                    // guard: E16-a-resident-block-whose-file-went-is-written-again
+                    if fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+                        return Ok(None);
+                    }
+                    self.ledger.lose(&path.to_path_buf());
+                }
+                Err(reason) => return Err(self.refused(path, bytes, reason)),
+            }
+        }
+        Err(self.refused(path, bytes, Rejection::Busy))
+    }
+
+    /// Stores the block at `path` of `bytes` under the budget: room first
+    /// (nothing to do when the block is resident and its file in place),
+    /// then `write`; a write that fails for want of space on the device
+    /// (ENOSPC) makes room on it by evicting, and is tried once more. The
+    /// room is committed when the write succeeds and given back when it
+    /// fails.
+    pub(crate) fn store(
+        &self,
+        path: &Path,
+        bytes: u64,
+        mut write: impl FnMut() -> Result<(), TierError>,
+    ) -> Result<(), TierError> {
+        let Some(room) = self.admit(path, bytes)? else {
+            return Ok(());
+        };
+        let mut written = write();
+        if let Err(TierError::Io { source, .. }) = &written {
+            // guard: E19-enospc-evicts-then-retries-once
+            if is_enospc(source) && self.make_room_after_enospc(bytes) {
+                written = write();
+            }
+        }
+        if written.is_ok() {
+            room.commit();
+        }
+        // Dropped uncommitted, the room is given back.
+        written
+    }
+
+    fn refused(&self, path: &Path, bytes: u64, reason: Rejection) -> TierError {
+        TierError::NoRoom {
+            path: path.display().to_string(),
+            bytes,
+            capacity: self.ledger.with(|ledger| ledger.capacity()),
+            reason,
+        }
+    }
+
+    /// A write failed for want of space on the device: counted, and the
+    /// least valuable blocks worth `bytes` deleted so that a retry finds
+    /// room on the device too. Returns whether any were.
+    pub(crate) fn make_room_after_enospc(&self, bytes: u64) -> bool {
+        let victims = self.ledger.with(|ledger| {
+            ledger.note_enospc();
+            // Victims as a capacity lowered by `bytes` names them, the
+            // capacity itself unchanged: the device was full, not the budget.
+            let capacity = ledger.capacity();
+            let used = ledger.stats().resident_bytes + ledger.stats().reserved_bytes;
+            let victims = ledger.set_capacity(used.saturating_sub(bytes).min(capacity));
+            ledger.set_capacity(capacity);
+            victims
+        });
+        self.delete(victims) > 0
+    }
+
+    /// Lowers (or raises) the capacity and deletes blocks until resident
+    /// plus reserved bytes fit it (pinned and reserved blocks stay until
+    /// their reads and writes end). Returns the blocks deleted.
+    pub(crate) fn trim(&self, capacity: u64) -> usize {
+        let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
+        self.delete(victims)
+    }
+
+    fn delete(&self, victims: Vec<crate::capacity::Victim<PathBuf>>) -> usize {
+        let mut deleted = 0;
+        for victim in victims {
+            let gone = remove(victim.key());
+            self.ledger.with(|ledger| {
+                // Handed out once, reported once.
+                let _ = if gone {
+                    deleted += 1;
+                    ledger.evicted(victim)
+                } else {
+                    ledger.eviction_failed(victim)
+                };
+            });
+        }
+        deleted
+    }
+
+    /// Pins the block at `path` for a read; `None` when the budget does not
+    /// hold it (another process wrote it: read unpinned).
+    pub(crate) fn pin(&self, path: &Path) -> Option<PinGuard<PathBuf>> {
+        self.ledger.pin(&path.to_path_buf())
+    }
+
+    /// The block at `path` was found missing or damaged.
+    pub(crate) fn lose(&self, path: &Path) {
+        self.ledger.lose(&path.to_path_buf());
+    }
+}
+
+/// Deletes a file; `true` when it is gone (also when it was already).
+fn remove(path: &Path) -> bool {
+    match fs::remove_file(path) {
+        Ok(()) => true,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => true,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot delete a block file to make room");
+            false
+        }
+    }
+}
+
+/// Whether an I/O error is the device running out of space (or quota).
+fn is_enospc(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty(capacity: u64) -> (tempfile::TempDir, DirBudget) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let naming = BlockLayout::Kvtier.naming();
+        let (budget, _) =
+            DirBudget::scan(capacity, Policy::Lru, dir.path(), &naming, Duration::ZERO)
+                .expect("scan");
+        (dir, budget)
+    }
+
+    fn write(path: &Path) -> Result<(), TierError> {
+        fs::write(path, [0; 100]).map_err(|error| TierError::io("write", path, error))
+    }
+
+    fn full() -> TierError {
+        TierError::io(
+            "write",
+            Path::new("x"),
+            io::Error::from_raw_os_error(libc::ENOSPC),
+        )
+    }
+
+    #[test]
+    fn enospc_evicts_the_least_recently_used_and_retries_once() {
+        let (dir, budget) = empty(1000);
+        let (a, b, c) = (
+            dir.path().join("a.bin"),
+            dir.path().join("b.bin"),
+            dir.path().join("c.bin"),
+        );
+        for path in [&a, &b] {
+            budget.store(path, 100, || write(path)).unwrap();
+        }
+        // The device is full below the budget: the first write of c fails.
+        let mut attempts = 0;
+        budget
+            .store(&c, 100, || {
+                attempts += 1;
+                if attempts == 1 { Err(full()) } else { Ok(()) }
+            })
+            .expect("stored after the retry");
+        assert_eq!(attempts, 2);
+        assert!(
+            !a.exists() && b.exists(),
+            "the least recently used made room"
+        );
+        let stats = budget.stats();
+        assert_eq!((stats.enospc, stats.evictions, stats.committed), (1, 1, 3));
+        assert_eq!(
+            (
+                stats.resident_bytes,
+                stats.reserved_bytes,
+                stats.capacity_bytes
+            ),
+            (200, 0, 1000)
+        );
+    }
+
+    #[test]
+    fn a_write_that_fails_again_gives_its_room_back_and_nothing_else_is_lost() {
+        let (dir, budget) = empty(1000);
+        let a = dir.path().join("a.bin");
+        budget.store(&a, 100, || write(&a)).unwrap();
+        let mut attempts = 0;
+        let error = budget
+            .store(&dir.path().join("b.bin"), 100, || {
+                attempts += 1;
+                Err(full())
+            })
+            .expect_err("full twice");
+        assert!(matches!(error, TierError::Io { .. }));
+        assert_eq!(attempts, 2);
+        let stats = budget.stats();
+        assert_eq!(
+            (stats.reserved_bytes, stats.aborted, stats.enospc),
+            (0, 1, 1)
+        );
+        // A write failing for another reason is not retried.
+        let mut other = 0;
+        let _ = budget.store(&dir.path().join("c.bin"), 100, || {
+            other += 1;
+            Err(TierError::io(
+                "write",
+                Path::new("c"),
+                io::Error::from_raw_os_error(libc::EIO),
+            ))
+        });
+        assert_eq!((other, budget.stats().enospc), (1, 1));
+    }
+}

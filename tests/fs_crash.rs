@@ -1,0 +1,151 @@
+//! A bounded fs tier killed (SIGKILL) during 32 concurrent writes, then
+//! opened again: no partial block under a block's name, every block left
+//! loads intact, the dead writer's temporary files are swept, and the books
+//! match the files, within the budget.
+#![cfg(all(feature = "fs", unix, not(any(kvtier_loom, kvtier_shuttle))))]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kvtier::tier::FsOptions;
+use kvtier::{FsTier, StoreTask};
+
+/// The child's budget and block size: 128 blocks of 256 KiB fit.
+const CAPACITY: u64 = 128 * ((256 << 10) + 16);
+const PAYLOAD: usize = 256 << 10;
+const WRITERS: usize = 32;
+
+fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().ends_with(suffix) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// The writer the test kills: 32 saves in flight at all times, for ever.
+/// Run by the test below in a child process (ignored otherwise).
+#[test]
+#[ignore = "the child process of the crash test"]
+fn crash_child_writes_for_ever() {
+    let root = std::env::var("KVTIER_CRASH_ROOT").expect("run by the crash test");
+    let options = FsOptions::default()
+        .capacity_bytes(Some(CAPACITY))
+        .io_threads(WRITERS)
+        // Each write waits for the device: 32 are in flight at any time.
+        .sync_data(true)
+        .stale_temp_age(Duration::from_secs(3600));
+    let tier = FsTier::open_with(&root, "ns", options).expect("open");
+    let mut key = 0u64;
+    loop {
+        let tasks: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                key += 1;
+                tier.save(&key, vec![(key % 251) as u8; PAYLOAD])
+            })
+            .collect();
+        for task in tasks {
+            let _ = task.wait();
+        }
+    }
+}
+
+/// The writer process, killed (SIGKILL) and reaped when dropped: also
+/// when the test fails before it means to kill it.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_tier_killed_during_32_writes_opens_clean_within_its_budget() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut child = Killed(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "crash_child_writes_for_ever",
+                "--nocapture",
+            ])
+            .env("KVTIER_CRASH_ROOT", root.path())
+            .spawn()
+            .expect("start the writer"),
+    );
+    // Killed once it has evicted (more blocks written than fit) and while
+    // at least 12 of its 32 writes are half done.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen_temps = 0;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the writer never had 12 writes half done past block 256 in 60 s"
+        );
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "the writer died by itself"
+        );
+        let temps = files(root.path(), ".tmp").len();
+        seen_temps = seen_temps.max(temps);
+        // Key numbers count up: a block above 256 means about half of what
+        // was written has been evicted already.
+        let newest = files(root.path(), ".bin")
+            .iter()
+            .filter_map(|p| u64::from_str_radix(p.file_stem()?.to_str()?, 16).ok())
+            .max();
+        if temps >= 12 && newest.is_some_and(|key| key > 256) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(child); // SIGKILL, then reaped
+    let temps = files(root.path(), ".tmp");
+    let blocks = files(root.path(), ".bin");
+    assert!(!temps.is_empty(), "the kill left no write half done");
+
+    let options = FsOptions::default()
+        .capacity_bytes(Some(CAPACITY))
+        .stale_temp_age(Duration::ZERO);
+    let tier = FsTier::open_with(root.path(), "ns", options).expect("reopen");
+    let report = tier.scan_report().unwrap().clone();
+    assert_eq!(
+        report.swept as usize,
+        temps.len(),
+        "every dead writer's file swept"
+    );
+    assert!(files(root.path(), ".tmp").is_empty());
+    let stats = tier.capacity_stats().unwrap();
+    let left = files(root.path(), ".bin");
+    let on_disk: u64 = left.iter().map(|p| p.metadata().unwrap().len()).sum();
+    assert_eq!(stats.resident_bytes, on_disk);
+    assert!(on_disk <= CAPACITY, "{on_disk} bytes over the budget");
+    assert_eq!(left.len() as u64, report.blocks);
+    // Every block left is whole: it loads (header, length and checksum).
+    for path in &left {
+        let hex = path.file_stem().unwrap().to_str().unwrap();
+        let key = u64::from_str_radix(hex, 16).expect("a u64 key's name");
+        let block = tier.load(&key).expect("intact").expect("present");
+        assert_eq!(block, vec![(key % 251) as u8; PAYLOAD]);
+    }
+    eprintln!(
+        "killed with {} blocks and {} temporary files on disk (up to {seen_temps} seen); \
+         reopened: {} blocks kept, {} swept",
+        blocks.len(),
+        temps.len(),
+        report.blocks,
+        report.swept
+    );
+}
