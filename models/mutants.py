@@ -810,7 +810,7 @@ MUTATIONS = [
         "F1-atomic-publish",
         "a save writes the block under its final name instead of renaming a finished temporary file",
         [("    let (mut file, tmp) = create_temp(path, |suffix| format!(\"{name}.{suffix:016x}.tmp\"))?;",
-          "    let (mut file, tmp) = (File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
+          "    let (mut file, tmp) = (fs::File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
          ("        fs::rename(&tmp, path)\n", "        Ok(())\n")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "concurrent_saves"],
     ),
