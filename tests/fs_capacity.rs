@@ -7,12 +7,16 @@
 #![cfg(all(feature = "fs", not(any(kvtier_loom, kvtier_shuttle))))]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use kvtier::capacity::{Policy, Rejection};
 use kvtier::tier::FsOptions;
 use kvtier::{FsTier, StoreTask, TierError};
+
+#[path = "common/files.rs"]
+mod files;
+use files::{bytes_on_disk, files};
 
 /// Header plus payload: what one block's file holds.
 const HEADER: u64 = 16;
@@ -24,27 +28,6 @@ fn budgeted(root: &Path, capacity: u64) -> FsTier {
         FsOptions::default().capacity_bytes(Some(capacity)),
     )
     .expect("open")
-}
-
-/// Every file below `dir` whose name ends in `suffix`, with its size.
-fn files(dir: &Path, suffix: &str) -> Vec<(PathBuf, u64)> {
-    let mut out = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.to_string_lossy().ends_with(suffix) {
-                out.push((path, entry.metadata().expect("stat").len()));
-            }
-        }
-    }
-    out
-}
-
-fn bytes_on_disk(root: &Path) -> u64 {
-    files(root, ".bin").iter().map(|(_, size)| size).sum()
 }
 
 #[test]

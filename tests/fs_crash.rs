@@ -11,25 +11,20 @@ use std::time::{Duration, Instant};
 use kvtier::tier::FsOptions;
 use kvtier::{FsTier, StoreTask};
 
+#[path = "common/files.rs"]
+mod files;
+
 /// The child's budget and block size: 128 blocks of 256 KiB fit.
 const CAPACITY: u64 = 128 * ((256 << 10) + 16);
 const PAYLOAD: usize = 256 << 10;
 const WRITERS: usize = 32;
 
-fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.to_string_lossy().ends_with(suffix) {
-                out.push(path);
-            }
-        }
-    }
-    out
+/// The paths of the files below `dir` whose names end in `suffix`.
+fn paths(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    files::files(dir, suffix)
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect()
 }
 
 /// The writer the test kills: 32 saves in flight at all times, for ever.
@@ -100,11 +95,11 @@ fn kill_the_writer(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>, usize) {
             child.0.try_wait().unwrap().is_none(),
             "the writer died by itself"
         );
-        let temps = files(root, ".tmp").len();
+        let temps = paths(root, ".tmp").len();
         seen_temps = seen_temps.max(temps);
         // Key numbers count up: a block above 256 means about half of what
         // was written has been evicted already.
-        let newest = files(root, ".bin")
+        let newest = paths(root, ".bin")
             .iter()
             .filter_map(|p| u64::from_str_radix(p.file_stem()?.to_str()?, 16).ok())
             .max();
@@ -114,7 +109,7 @@ fn kill_the_writer(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>, usize) {
         std::thread::sleep(Duration::from_millis(1));
     }
     drop(child); // SIGKILL, then reaped
-    (files(root, ".bin"), files(root, ".tmp"), seen_temps)
+    (paths(root, ".bin"), paths(root, ".tmp"), seen_temps)
 }
 
 #[test]
@@ -140,9 +135,9 @@ fn a_tier_killed_during_32_writes_opens_clean_within_its_budget() {
         temps.len(),
         "every dead writer's file swept"
     );
-    assert!(files(root.path(), ".tmp").is_empty());
+    assert!(paths(root.path(), ".tmp").is_empty());
     let stats = tier.capacity_stats().unwrap();
-    let left = files(root.path(), ".bin");
+    let left = paths(root.path(), ".bin");
     let on_disk: u64 = left.iter().map(|p| p.metadata().unwrap().len()).sum();
     assert_eq!(stats.resident_bytes, on_disk);
     assert!(on_disk <= CAPACITY, "{on_disk} bytes over the budget");

@@ -15,15 +15,13 @@ use kvtier::FsTier;
 use kvtier::capacity::Policy;
 use kvtier::tier::{BlockLayout, FsOptions, scan_directory};
 
+#[path = "common/files.rs"]
+mod files;
+use files::bytes_on_disk;
+
 /// 100 bytes a file: an 84-byte payload and the 16-byte header.
 const FILE: u64 = 100;
 const PAYLOAD: [u8; 84] = [5; 84];
-
-fn bytes_on_disk(dir: &Path) -> u64 {
-    scan_directory(dir, BlockLayout::Kvtier, None, Policy::Lru, None)
-        .expect("usage")
-        .bytes
-}
 
 fn open(root: &Path, blocks: u64) -> FsTier {
     let options = FsOptions::default().capacity_bytes(Some(blocks * FILE));

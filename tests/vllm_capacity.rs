@@ -4,11 +4,14 @@
 //! and keeps the blocks before it, a present block is counted once.
 #![cfg(all(feature = "fs", not(any(kvtier_loom, kvtier_shuttle))))]
 
-use std::path::Path;
 use std::time::Duration;
 
 use kvtier::capacity::Policy;
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
+
+#[path = "common/files.rs"]
+mod files;
+use files::bytes_on_disk;
 
 const BLOCK: usize = 4096;
 
@@ -16,22 +19,6 @@ fn key(n: u64) -> Vec<u8> {
     let mut key = n.to_be_bytes().to_vec();
     key.extend_from_slice(&0u32.to_be_bytes());
     key
-}
-
-fn bytes_on_disk(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.to_string_lossy().ends_with(".bin") {
-                total += entry.metadata().unwrap().len();
-            }
-        }
-    }
-    total
 }
 
 fn run(

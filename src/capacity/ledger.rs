@@ -555,10 +555,14 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         self.choose_victims(over - pending, Cause::Trim)
     }
 
-    /// Counts a write that failed for want of space on the device; the
-    /// caller aborts its reservation and may trim.
-    pub fn note_enospc(&mut self) {
+    /// Counts a write that failed for want of space on the device (ENOSPC:
+    /// the device is full below the capacity) and names victims of at least
+    /// `bytes` (fewer if not enough are evictable) whose deletion makes room
+    /// on the device for the write to be tried again. The capacity is
+    /// unchanged; the victims are reported like an admission's.
+    pub fn note_enospc(&mut self, bytes: u64) -> Vec<Victim<K>> {
         self.stats.enospc += 1;
+        self.choose_victims(bytes, Cause::Admission)
     }
 
     /// Checks the ledger's sums against its entries, in time linear in

@@ -135,27 +135,43 @@ impl<K: Clone + Eq + Hash> SharedLedger<K> {
                 Admission::Rejected(Rejection::Busy) => continue,
                 Admission::Rejected(rejection) => return Err(rejection),
                 Admission::Evict(victims) => {
-                    let mut pending = Pending {
-                        ledger: self,
-                        victims,
-                    };
-                    while let Some(victim) = pending.victims.last() {
-                        // Popped only once deleted: a panic in `delete`
-                        // leaves it to `Pending`'s drop.
-                        let gone = delete(victim.key());
-                        let victim = pending.victims.pop().expect("the victim just looked at");
-                        let mut ledger = self.inner.lock();
-                        // Handed out once, reported once.
-                        let _ = if gone {
-                            ledger.evicted(victim)
-                        } else {
-                            ledger.eviction_failed(victim)
-                        };
-                    }
+                    self.delete_victims(victims, &mut delete);
                 }
             }
         }
         Err(Rejection::Busy)
+    }
+
+    /// Deletes `victims` (this ledger's, from a reservation, a trim, a seed
+    /// or an ENOSPC) with `delete`, called without the lock (`true`: the
+    /// file is gone, or was already), and reports each one as evicted or
+    /// not; returns how many were deleted. Victims a panicking `delete`
+    /// leaves are reported as not deleted.
+    pub fn delete_victims(
+        &self,
+        victims: Vec<Victim<K>>,
+        mut delete: impl FnMut(&K) -> bool,
+    ) -> usize {
+        let mut pending = Pending {
+            ledger: self,
+            victims,
+        };
+        let mut deleted = 0;
+        while let Some(victim) = pending.victims.last() {
+            // Popped only once deleted: a panic in `delete` leaves it to
+            // `Pending`'s drop.
+            let gone = delete(victim.key());
+            let victim = pending.victims.pop().expect("the victim just looked at");
+            let mut ledger = self.inner.lock();
+            // Handed out once, reported once.
+            let _ = if gone {
+                deleted += 1;
+                ledger.evicted(victim)
+            } else {
+                ledger.eviction_failed(victim)
+            };
+        }
+        deleted
     }
 
     /// Pins `key`'s block for a read; `None` when it is not resident.

@@ -193,15 +193,8 @@ impl DirBudget {
                 }
             }
         }
-        for victim in victims {
-            // Seeded victims are this ledger's, reported once.
-            let _ = if remove(victim.key()) {
-                report.trimmed += 1;
-                ledger.evicted(victim)
-            } else {
-                ledger.eviction_failed(victim)
-            };
-        }
+        let ledger = SharedLedger::from_ledger(ledger);
+        report.trimmed = ledger.delete_victims(victims, |path| remove(path)) as u64;
         report.elapsed = started.elapsed();
         if report.trimmed + report.swept > 0 {
             tracing::info!(
@@ -212,10 +205,7 @@ impl DirBudget {
                 "startup scan trimmed the tier to its capacity"
             );
         }
-        let budget = Self {
-            ledger: SharedLedger::from_ledger(ledger),
-        };
-        Ok((budget, report))
+        Ok((Self { ledger }, report))
     }
 
     /// The counters and gauges.
@@ -225,11 +215,7 @@ impl DirBudget {
 
     /// Room for the block at `path` of `bytes`: `Ok(None)` when the block is
     /// resident already and its file is still there (nothing to write).
-    pub(crate) fn admit(
-        &self,
-        path: &Path,
-        bytes: u64,
-    ) -> Result<Option<WriteGuard<PathBuf>>, TierError> {
+    fn admit(&self, path: &Path, bytes: u64) -> Result<Option<WriteGuard<PathBuf>>, TierError> {
         // Twice at most: a resident block whose file has gone is dropped
         // from the books, then admitted like a new one.
         for _ in 0..2 {
@@ -291,19 +277,11 @@ impl DirBudget {
 
     /// A write failed for want of space on the device: counted, and the
     /// least valuable blocks worth `bytes` deleted so that a retry finds
-    /// room on the device too. Returns whether any were.
-    pub(crate) fn make_room_after_enospc(&self, bytes: u64) -> bool {
-        let victims = self.ledger.with(|ledger| {
-            ledger.note_enospc();
-            // Victims as a capacity lowered by `bytes` names them, the
-            // capacity itself unchanged: the device was full, not the budget.
-            let capacity = ledger.capacity();
-            let used = ledger.stats().resident_bytes + ledger.stats().reserved_bytes;
-            let victims = ledger.set_capacity(used.saturating_sub(bytes).min(capacity));
-            ledger.set_capacity(capacity);
-            victims
-        });
-        self.delete(victims) > 0
+    /// room on the device too (the capacity unchanged: the device was full,
+    /// not the budget). Returns whether any were.
+    fn make_room_after_enospc(&self, bytes: u64) -> bool {
+        let victims = self.ledger.with(|ledger| ledger.note_enospc(bytes));
+        self.ledger.delete_victims(victims, |path| remove(path)) > 0
     }
 
     /// Lowers (or raises) the capacity and deletes blocks until resident
@@ -311,24 +289,7 @@ impl DirBudget {
     /// their reads and writes end). Returns the blocks deleted.
     pub(crate) fn trim(&self, capacity: u64) -> usize {
         let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
-        self.delete(victims)
-    }
-
-    fn delete(&self, victims: Vec<crate::capacity::Victim<PathBuf>>) -> usize {
-        let mut deleted = 0;
-        for victim in victims {
-            let gone = remove(victim.key());
-            self.ledger.with(|ledger| {
-                // Handed out once, reported once.
-                let _ = if gone {
-                    deleted += 1;
-                    ledger.evicted(victim)
-                } else {
-                    ledger.eviction_failed(victim)
-                };
-            });
-        }
-        deleted
+        self.ledger.delete_victims(victims, |path| remove(path))
     }
 
     /// Pins the block at `path` for a read; `None` when the budget does not
