@@ -1557,6 +1557,78 @@ MUTATIONS = [
         [("            capacity_bytes=self.settings.capacity_bytes,", "            capacity_bytes=None,")],
         in_vllm("connector", "test_connector_in_vllm.py", "test_a_byte_budget_bounds_the_dumped_files"),
     ),
+    # Lookups settled by the tier's own news (L18): the table's settle, the
+    # ledger's change log, vLLM's path-to-key parser, and the vLLM tier's
+    # replay of the log.
+    Mutation(
+        "L18-the-same-answer-keeps-its-generation",
+        "settling a key the way it is already resolved gives it a new generation: valid hit tickets go stale",
+        [("            Phase::Resolved { found } if found == present => return false,",
+          "            Phase::Resolved { found } if false && found == present => return false,")],
+        TEST + ["-p", "kvtier", "--lib", "lookup::table::settle::tests::the_same_answer_again"],
+    ),
+    Mutation(
+        "L18-a-settled-batched-key-leaves-the-batch",
+        "a key settled before the flush is probed anyway, under a generation it no longer has",
+        [("                self.dropped_pending.insert(state.generation);\n                self.batched_keys -= 1;",
+          "                let _ = state;")],
+        TEST + ["-p", "kvtier", "--lib", "lookup::table::settle::tests::a_batched_key_settled"],
+    ),
+    Mutation(
+        "L18-a-settled-orphan-is-forgotten",
+        "an orphaned probe settled is kept, resolved, with nobody asking for it: a state no cleanup removes",
+        [("                if !state.has_requesters() {", "                if false {")],
+        TEST + ["-p", "kvtier", "--lib", "lookup::table::settle::tests::a_settled_orphan"],
+    ),
+    Mutation(
+        "L18-a-settled-state-gets-a-new-generation",
+        "a settled state keeps its generation: the probe in flight answers into it after the settle",
+        [("        entry.generation = generation.0;", "        let _ = generation;")],
+        MODELS + ["loom_coherence"],
+        LOOM,
+    ),
+    Mutation(
+        "E22-the-change-log-stays-bounded",
+        "the change log grows without bound while nobody takes it",
+        [("        if self.entries.len() >= self.limit {", "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::changes::tests"],
+    ),
+    Mutation(
+        "E23-a-commit-is-logged-present",
+        "a committed store is not logged: lookups never learn that the block arrived",
+        [("        self.note(&reservation.key, true);", "")],
+        TEST + ["-p", "kvtier", "--lib", "capacity::tests::the_change_log_says"],
+    ),
+    Mutation(
+        "E24-a-deleted-victim-is-logged-gone",
+        "an evicted block is not logged: its lookups keep answering hit",
+        [("        self.note(&victim.key, false);", "")],
+        TEST + ["-p", "kvtier", "--test", "vllm_coherence"],
+    ),
+    Mutation(
+        "F14-a-key-round-trips-to-its-path",
+        "a path that only resembles a block's (a padded group, another fan-out) is taken as naming a key",
+        [("        (self.path_of(&key).ok()? == path).then_some(key)", "        Some(key)")],
+        MODELS + ["fuzz_corpus", "vllm_block_path"],
+    ),
+    Mutation(
+        "N9-no-settle-after-shutdown",
+        "changes reported after shutdown are settled into the closed lookup, which raises mid-report",
+        [("        if not changes or self._closed:", "        if not changes:")],
+        in_vllm("own", "test_cpu_tiering_in_vllm.py", "test_jobs_that_end_at_shutdown_are_still_reported_without_an_error"),
+    ),
+    Mutation(
+        "N10-evictions-are-removed-events",
+        "an eviction is not a removed KV event: routers keep sending requests for a block that is gone",
+        [("        if not present and self.events is not None:", "        if False:")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_the_tiers_lookups_learn_of_its_stores_and_evictions"),
+    ),
+    Mutation(
+        "N11-the-tier-records-its-changes",
+        "the tier never records its changes: an evicted hit still leads to a load, a completed store stays a miss",
+        [("        self._transfers.record_changes(True)", "        self._transfers.record_changes(False)")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_the_tiers_lookups_learn_of_its_stores_and_evictions"),
+    ),
 ]
 
 

@@ -82,6 +82,8 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         stats.late_answers,
         stats.shed,
         stats.abandoned,
+        stats.settled_hits,
+        stats.settled_misses,
         table.outstanding_keys() as u64,
         table.outstanding_groups() as u64,
     ];
@@ -100,6 +102,8 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         c.late_answers,
         c.shed,
         c.abandoned,
+        c.settled_hits,
+        c.settled_misses,
         spec.outstanding_keys as u64,
         spec.outstanding_groups as u64,
     ];
@@ -107,7 +111,7 @@ pub fn check_state(table: &Table, spec: &Reference) -> Result<(), String> {
         return Err(format!(
             "counters (lookups, hits, misses, pending, keys submitted, groups submitted, \
              stale, orphans, marked miss, deadline misses, late answers, shed, abandoned, \
-             outstanding keys, outstanding groups): table {counts:?}, specification {expected:?}"
+             settled hits, settled misses, outstanding keys, outstanding groups): table {counts:?}, specification {expected:?}"
         ));
     }
     if stats.anomalies != 0 {

@@ -191,6 +191,29 @@ pub fn block_decoder(data: &[u8]) {
     }
 }
 
+/// `vllm_block_path`: arbitrary bytes as a path below a rank directory
+/// (what a directory walk or a change log could hand over), through the
+/// vLLM layout's path-to-key parser. It never panics; a key it finds is
+/// stored at exactly that path; and the first bytes, read as a key, come
+/// back from the path of that key.
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+pub fn vllm_block_path(data: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    use kvtier::tier::VllmFsLayout;
+
+    let layout = VllmFsLayout::new("/rank").expect("a valid rank directory");
+    let path = Path::new("/rank").join(std::ffi::OsStr::from_bytes(data));
+    if let Some(key) = layout.key_of(&path) {
+        assert_eq!(layout.path_of(&key).expect("a key it found"), path);
+    }
+    let key = &data[..data.len().min(40)];
+    if let Ok(path) = layout.path_of(key) {
+        assert_eq!(layout.key_of(&path).as_deref(), Some(key), "round trip");
+    }
+}
+
 /// `wire_decoder`: arbitrary bytes, as a pipe or socket from another
 /// process would hand them over, through the save protocol's message
 /// decoders, for every id type. It never panics and never allocates beyond

@@ -24,6 +24,9 @@
 //!   eviction) as a specification, and the real ledger in lockstep with it.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
+//! - `coherence` (under the model checkers' cfgs): a budgeted tier's
+//!   lookups against its store threads (tests/loom_coherence.rs,
+//!   tests/shuttle_coherence.rs).
 //! - [`checkers`]: how the loom and shuttle files run their models (bounds,
 //!   iterations, replay), compiled under the matching cfg.
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
@@ -35,6 +38,8 @@ pub mod checked;
 #[cfg(not(kvtier_loom))]
 pub mod checked_tasks;
 pub mod checkers;
+#[cfg(any(kvtier_loom, kvtier_shuttle))]
+pub mod coherence;
 pub mod conformance;
 pub mod fuzzing;
 pub mod lockstep;

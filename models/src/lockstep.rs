@@ -58,6 +58,13 @@ pub enum TableOp {
         /// Each reduced modulo the key domain.
         keys: Vec<u8>,
     },
+    /// `settle(keys, present)`: a store completed or an eviction.
+    Settle {
+        /// Each reduced modulo the key domain.
+        keys: Vec<u8>,
+        /// Stored (true) or evicted (false).
+        present: bool,
+    },
     /// `cleanup(req)`.
     Cleanup {
         /// Reduced modulo the request domain.
@@ -192,6 +199,16 @@ impl Lockstep {
                 if real != spec {
                     return Err(format!(
                         "mark_miss_keys({keys:?}): table {real}, specification {spec}"
+                    ));
+                }
+            }
+            TableOp::Settle { keys, present } => {
+                let keys: Vec<Key> = keys.iter().map(|&k| u64::from(k) % self.keys).collect();
+                let real = self.table.settle(&keys, *present);
+                let spec = self.spec.settle(&keys, *present);
+                if real != spec {
+                    return Err(format!(
+                        "settle({keys:?}, {present}): table {real}, specification {spec}"
                     ));
                 }
             }

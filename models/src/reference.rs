@@ -128,6 +128,10 @@ pub struct ModelCounts {
     pub shed: u64,
     /// Groups given up unprobed.
     pub abandoned: u64,
+    /// States a completed store settled.
+    pub settled_hits: u64,
+    /// States an eviction settled.
+    pub settled_misses: u64,
 }
 
 /// The specification's state.
@@ -426,6 +430,37 @@ impl Reference {
             }
         }
         self.counts.marked_miss += changed as u64;
+        changed
+    }
+
+    /// The tier says it holds (`present`) or no longer holds `keys`: a
+    /// tracked key not already resolved that way is resolved so under a
+    /// new generation (its probe's answer, batched entry and tickets all
+    /// become stale), except an orphan still probing, which is forgotten.
+    pub fn settle(&mut self, keys: &[Key], present: bool) -> usize {
+        let mut changed = 0;
+        for key in keys {
+            let Some(state) = self.keys.get_mut(key) else {
+                continue;
+            };
+            if state.phase == Phase::Resolved(present) {
+                continue;
+            }
+            changed += 1;
+            let probing = matches!(state.phase, Phase::InFlight | Phase::Overdue);
+            if probing && state.requesters.is_empty() {
+                self.keys.remove(key);
+                continue;
+            }
+            state.generation = self.next_generation;
+            self.next_generation += 1;
+            state.phase = Phase::Resolved(present);
+        }
+        if present {
+            self.counts.settled_hits += changed as u64;
+        } else {
+            self.counts.settled_misses += changed as u64;
+        }
         changed
     }
 

@@ -32,7 +32,8 @@ impl Rng {
 }
 
 /// The next operation: mostly lookups, then flushes, answers (mostly
-/// complete, sometimes short or long), cleanups and failed loads.
+/// complete, sometimes short or long), cleanups, failed loads, and the
+/// tier's own stores and evictions settling keys.
 fn next_op(rng: &mut Rng, run: &Lockstep) -> TableOp {
     match rng.below(100) {
         0..=44 => TableOp::Lookup {
@@ -61,6 +62,10 @@ fn next_op(rng: &mut Rng, run: &Lockstep) -> TableOp {
         81..=82 if run.tickets() > 0 => TableOp::MarkMiss { ticket: rng.byte() },
         83..=86 => TableOp::MarkMissKeys {
             keys: (0..rng.below(3) + 1).map(|_| rng.byte()).collect(),
+        },
+        87..=91 => TableOp::Settle {
+            keys: (0..rng.below(3) + 1).map(|_| rng.byte()).collect(),
+            present: rng.below(2) == 0,
         },
         _ => TableOp::Cleanup { req: rng.byte() },
     }
@@ -136,13 +141,15 @@ fn bounded_table_agrees_with_the_specification_on_random_sequences() {
         return;
     }
     let scale = if cfg!(debug_assertions) { 10 } else { 1 };
-    let mut seen = [0u64; 4];
+    let mut seen = [0u64; 6];
     let mut count = |stats: kvtier::lookup::LookupStats| {
         let events = [
             stats.deadline_misses,
             stats.late_answers,
             stats.shed,
             stats.abandoned,
+            stats.settled_hits,
+            stats.settled_misses,
         ];
         for (total, n) in seen.iter_mut().zip(events) {
             *total += n;
@@ -157,6 +164,7 @@ fn bounded_table_agrees_with_the_specification_on_random_sequences() {
     // The sequences reach every rule of the bounds, many times.
     assert!(
         seen.iter().all(|&n| n >= 10),
-        "deadline misses, late answers, shed keys, abandoned groups: {seen:?}"
+        "deadline misses, late answers, shed keys, abandoned groups, settled hits and \
+         misses: {seen:?}"
     );
 }

@@ -79,3 +79,10 @@ fn block_decoder_corpus_replays_cleanly() {
 fn wire_decoder_corpus_replays_cleanly() {
     replay("wire_decoder", kvtier_models::fuzzing::wire_decoder);
 }
+
+/// The vLLM layout's path-to-key parser.
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+#[test]
+fn vllm_block_path_corpus_replays_cleanly() {
+    replay("vllm_block_path", kvtier_models::fuzzing::vllm_block_path);
+}

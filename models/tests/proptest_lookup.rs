@@ -53,6 +53,12 @@ enum Op {
     MarkMissKeys {
         keys: Vec<Key>,
     },
+    /// The tier's own news: a store of `keys` completed (`present`), or
+    /// an eviction removed them.
+    Settle {
+        keys: Vec<Key>,
+        present: bool,
+    },
     Cleanup {
         req: Req,
     },
@@ -133,6 +139,12 @@ impl ReferenceStateMachine for LookupMachine {
                     .prop_map(|keys| Op::MarkMissKeys { keys })
                     .boxed(),
             ),
+            (
+                1,
+                (prop::collection::vec(0..KEYS, 1..3), any::<bool>())
+                    .prop_map(|(keys, present)| Op::Settle { keys, present })
+                    .boxed(),
+            ),
             (2, (0..REQUESTS).prop_map(|req| Op::Cleanup { req }).boxed()),
         ];
         if !state.unanswered.is_empty() {
@@ -195,6 +207,9 @@ impl ReferenceStateMachine for LookupMachine {
             }
             Op::MarkMissKeys { keys } => {
                 state.spec.mark_miss_keys(keys);
+            }
+            Op::Settle { keys, present } => {
+                state.spec.settle(keys, *present);
             }
             Op::Cleanup { req } => state.spec.cleanup(*req),
         }
@@ -279,6 +294,9 @@ impl StateMachineTest for TableTest {
             }
             Op::MarkMissKeys { keys } => {
                 sut.table.mark_miss_keys(&keys);
+            }
+            Op::Settle { keys, present } => {
+                sut.table.settle(&keys, present);
             }
             Op::Cleanup { req } => sut.table.cleanup(&req),
         }

@@ -1,7 +1,8 @@
 //! proptest: vLLM's file-system layout as kvtier reads it. For any key,
 //! the path is the one vLLM's rule gives (written here as Python slices
 //! it: `hex[0:3]`, `hex[3:5]`, the group as a decimal), or the key is
-//! refused when it holds no hash; different keys never share a path; and a
+//! refused when it holds no hash; a block's path names its key again and
+//! no other path names a key; different keys never share a path; and a
 //! group of any keys, some stored, is answered key by key, never with an
 //! error (so a name too long to exist is not handed to the file system).
 //!
@@ -53,6 +54,33 @@ proptest! {
             (Ok(path), Some(rule)) => prop_assert_eq!(path, Path::new("/rank").join(rule)),
             (Err(TierError::KeyFormat { length, .. }), None) => prop_assert_eq!(length, key.len()),
             (got, rule) => prop_assert!(false, "{got:?} where the rule gives {rule:?}"),
+        }
+    }
+
+    #[test]
+    fn a_blocks_path_names_its_key_again(key in keys()) {
+        let layout = VllmFsLayout::new("/rank").unwrap();
+        if let Ok(path) = layout.path_of(&key) {
+            prop_assert_eq!(layout.key_of(&path), Some(key));
+        }
+    }
+
+    #[test]
+    fn any_other_path_names_no_key_or_exactly_the_one_stored_there(
+        parts in prop::collection::vec("[0-9a-fA-F_g+.bin/]{0,12}", 0..5),
+        key in keys(),
+    ) {
+        let layout = VllmFsLayout::new("/rank").unwrap();
+        let mut path = Path::new("/rank").join(parts.join("/"));
+        if parts.len() == 1
+            && !parts[0].contains('/')
+            && let Ok(real) = layout.path_of(&key)
+        {
+            // A near miss: a real block's directory, another file name.
+            path = real.with_file_name(format!("{}.bin", parts[0]));
+        }
+        if let Some(found) = layout.key_of(&path) {
+            prop_assert_eq!(layout.path_of(&found).unwrap(), path);
         }
     }
 

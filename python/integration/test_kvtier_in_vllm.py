@@ -191,6 +191,34 @@ def test_capacity_bytes_in_the_tier_config_bounds_the_tiers_files(tmp_path, memo
         kvtier_tier(tmp_path, memory, capacity_bytes=0)
 
 
+def test_the_tiers_lookups_learn_of_its_stores_and_evictions(tmp_path, memory):
+    # A budget of two blocks. Block 0 is looked up while absent, then
+    # stored: the lookup hits without a new probe. Blocks 1 and 2 evict it:
+    # its hit becomes a miss before any load, and the eviction is a
+    # removed KV event.
+    tier = kvtier_tier(tmp_path, memory, offloading_spec(kv_events=True), capacity_bytes=2 * BLOCK_BYTES,
+                       enable_kv_events=True)
+    try:
+        ctx = context("waiting")
+        assert resolve(tier, [key(0)], ctx) == [LookupResult.MISS]
+        tier.submit_store(job(1, [key(0)], [0]))
+        assert [r.success for r in finish(tier)] == [True]
+        assert tier.lookup(key(0), ctx) == LookupResult.HIT, "the store settles the miss"
+        for n in (1, 2):
+            tier.submit_store(job(1 + n, [key(n)], [n]))
+            assert [r.success for r in finish(tier)] == [True]
+        assert tier.capacity_stats()["evictions"] == 1
+        assert tier.lookup(key(0), ctx) == LookupResult.MISS, "the eviction settles the hit"
+        events = list(tier.take_events())
+        removed = [event.keys for event in events if event.removed]
+        assert removed == [[key(0)]]
+        assert [event.keys for event in events if not event.removed] == [[key(0)], [key(1)], [key(2)]]
+        stats = tier._lookup_manager.native.stats()
+        assert (stats["settled_hits"], stats["settled_misses"]) == (1, 1)
+    finally:
+        tier.shutdown()
+
+
 def test_vllms_fs_tier_and_kvtiers_read_each_others_files(tmp_path, memory):
     spec = offloading_spec(groups=((16, ("l0",)),))
     vllms = FileSystemTierManager(spec, memoryview(memory), "fs", str(tmp_path), 2, 2)

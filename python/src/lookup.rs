@@ -598,6 +598,19 @@ impl PyLookup {
         })
     }
 
+    /// Tells the lookups that the tier now holds (`present=True`) or no
+    /// longer holds the blocks of `keys` (an iterable of `bytes`): a store
+    /// of them completed, or an eviction removed them. Returns how many key
+    /// states changed. A probe in flight for one of them is superseded: its
+    /// answer, whenever it arrives, is dropped as stale. Feed changes in the
+    /// order they happened.
+    fn settle(&mut self, keys: &Bound<'_, PyAny>, present: bool) -> PyResult<usize> {
+        guard(|| {
+            let keys = bytes_keys(keys)?;
+            Ok(self.open("settle")?.settle(&keys, present))
+        })
+    }
+
     /// Forgets `request` (a `str` id or an object with `req_id`): keys no
     /// other request asked for are dropped; a probe in flight is kept for
     /// the next request that asks. An unknown id is a no-op.

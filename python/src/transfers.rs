@@ -210,6 +210,31 @@ impl PyVllmTransfers {
         })
     }
 
+    /// Starts (or stops) recording which blocks the transfers stored and
+    /// which the byte budget deleted, for `take_changes()`. Off by default.
+    fn record_changes(&mut self, on: bool) -> PyResult<()> {
+        guard(|| {
+            self.inner.get("record_changes")?.record_changes(on);
+            Ok(())
+        })
+    }
+
+    /// The changes since the last call, oldest first, as `(key, present)`:
+    /// `True` for a block stored, `False` for one deleted (evicted, trimmed,
+    /// or found missing or damaged). Feed them, in order, to the tier's
+    /// `Lookup.settle`. Empty unless `record_changes(True)`.
+    fn take_changes<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| {
+            let changes = self.inner.get("take_changes")?.take_changes();
+            PyList::new(
+                py,
+                changes
+                    .iter()
+                    .map(|(key, present)| (PyBytes::new(py, key), *present)),
+            )
+        })
+    }
+
     /// Waits, with the GIL released, until no job's I/O touches the primary
     /// memory; their results come with the next `finished()`. Returns how
     /// many jobs it waited for.

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
+use super::changes::{ChangeLog, MAX_CHANGES};
 use super::policy::{Order, Policy};
 use super::stats::CapacityStats;
 
@@ -176,6 +177,8 @@ pub struct CapacityLedger<K> {
     evicting_bytes: u64,
     next_incarnation: u64,
     stats: CapacityStats,
+    /// Which blocks came and went, while a consumer asked for it.
+    changes: Option<ChangeLog<K>>,
 }
 
 impl<K: Clone + Eq + Hash> CapacityLedger<K> {
@@ -192,6 +195,30 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
                 capacity_bytes: capacity,
                 ..CapacityStats::default()
             },
+            changes: None,
+        }
+    }
+
+    /// Starts (or stops) logging which blocks become resident and which
+    /// leave, for a tier's lookups (see [`take_changes`](Self::take_changes)).
+    pub fn record_changes(&mut self, on: bool) {
+        self.changes = on.then(|| ChangeLog::new(MAX_CHANGES));
+    }
+
+    /// Moves the changes logged since the last call into `into`, oldest
+    /// first: `(key, true)` when a block's store committed, `(key, false)`
+    /// when its file was deleted or found missing or damaged. Empty unless
+    /// [`record_changes`](Self::record_changes) is on.
+    pub fn take_changes(&mut self, into: &mut Vec<(K, bool)>) {
+        if let Some(log) = &mut self.changes {
+            log.take_into(into);
+        }
+    }
+
+    fn note(&mut self, key: &K, present: bool) {
+        if let Some(log) = &mut self.changes {
+            log.push(key.clone(), present);
+            self.stats.changes_dropped = log.dropped();
         }
     }
 
@@ -341,6 +368,8 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         self.evictable_bytes += reservation.bytes;
         self.stats.committed += 1;
         self.order.insert(&reservation.key, reservation.bytes);
+        // guard: E23-a-commit-is-logged-present
+        self.note(&reservation.key, true);
         Ok(incarnation)
     }
 
@@ -444,6 +473,8 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         }
         self.stats.evictions += 1;
         self.stats.evicted_bytes += victim.bytes;
+        // guard: E24-a-deleted-victim-is-logged-gone
+        self.note(&victim.key, false);
         Ok(())
     }
 
@@ -494,13 +525,14 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         self.order.remove(key);
         if *pins > 0 {
             *lost = true;
-            return true;
+        } else {
+            let bytes = entry.bytes;
+            self.entries.remove(key);
+            self.evictable_bytes -= bytes;
+            self.stats.resident_bytes -= bytes;
+            self.stats.entries -= 1;
         }
-        let bytes = entry.bytes;
-        self.entries.remove(key);
-        self.evictable_bytes -= bytes;
-        self.stats.resident_bytes -= bytes;
-        self.stats.entries -= 1;
+        self.note(key, false);
         true
     }
 

@@ -29,6 +29,10 @@
 //! release their tokens exactly once, also when a write fails or a panic
 //! unwinds.
 //!
+//! With [`record_changes`](CapacityLedger::record_changes) on, the ledger
+//! logs which blocks became resident and which left, in order, for a tier's
+//! lookups to [`settle`](crate::lookup::LookupTable::settle).
+//!
 //! The counters ([`CapacityStats`]) are kept as the ledger changes, so
 //! reading them costs the same at any size.
 //!
@@ -52,11 +56,13 @@
 //! # Ok::<(), kvtier::capacity::LedgerError>(())
 //! ```
 
+mod changes;
 mod ledger;
 mod policy;
 mod shared;
 mod stats;
 
+pub use changes::MAX_CHANGES;
 pub use ledger::{
     Admission, CapacityLedger, Cause, LedgerError, Pin, Rejection, Reservation, Victim,
 };

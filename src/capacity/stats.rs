@@ -55,11 +55,14 @@ pub struct CapacityStats {
     pub pins: u64,
     /// Reads that found no resident block.
     pub pin_misses: u64,
+    /// Changes dropped from a full change log before a tier's lookups took
+    /// them (see [`CapacityLedger::record_changes`](super::CapacityLedger::record_changes)).
+    pub changes_dropped: u64,
 }
 
 impl CapacityStats {
     /// How many fields there are.
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
 
     /// Every field with its name, in declaration order: for an exporter
     /// (a metrics registry, a Python dict) that should not list them again.
@@ -94,6 +97,7 @@ impl CapacityStats {
             ("enospc", self.enospc),
             ("pins", self.pins),
             ("pin_misses", self.pin_misses),
+            ("changes_dropped", self.changes_dropped),
         ]
     }
 }

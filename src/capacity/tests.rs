@@ -366,6 +366,7 @@ fn threads_storing_and_reading_keep_the_budget_and_never_delete_a_pinned_block()
     use crate::sync::atomic::{AtomicU32, Ordering};
     const KEYS: usize = 16;
     let ledger = SharedLedger::new(500, Policy::S3Fifo);
+    ledger.with(|l| l.record_changes(true));
     let readers: Vec<AtomicU32> = (0..KEYS).map(|_| AtomicU32::new(0)).collect();
     std::thread::scope(|scope| {
         for thread in 0..4u32 {
@@ -408,4 +409,49 @@ fn threads_storing_and_reading_keep_the_budget_and_never_delete_a_pinned_block()
     assert!(stats.evictions > 0 && stats.committed > 0);
     assert_eq!((stats.reserved_bytes, stats.pinned_entries), (0, 0));
     assert!(stats.resident_bytes <= 500);
+    // The log, replayed, says exactly which blocks are resident.
+    let mut last = [false; KEYS];
+    for (key, present) in ledger.with(|l| {
+        let mut changes = Vec::new();
+        l.take_changes(&mut changes);
+        changes
+    }) {
+        last[key] = present;
+    }
+    for (key, present) in last.into_iter().enumerate() {
+        assert_eq!(present, ledger.with(|l| l.is_resident(&key)), "block {key}");
+    }
+}
+
+#[test]
+fn the_change_log_says_what_came_and_went_in_order() {
+    let mut ledger = CapacityLedger::new(101, Policy::Lru);
+    let mut changes = Vec::new();
+    store(&mut ledger, 1, 60);
+    ledger.take_changes(&mut changes);
+    assert!(changes.is_empty(), "nothing logged until asked");
+    ledger.record_changes(true);
+    store(&mut ledger, 2, 40);
+    assert_eq!(store(&mut ledger, 3, 60), [1]);
+    // A write that fails and a deletion that fails change no file.
+    let aborted = granted(ledger.reserve(4, 1));
+    ledger.abort(aborted).unwrap();
+    let failed = victims(ledger.reserve(5, 60));
+    for victim in failed {
+        ledger.eviction_failed(victim).unwrap();
+    }
+    // A block found damaged while pinned is gone at once for the lookups.
+    let pin = ledger.pin(&3).unwrap();
+    assert!(ledger.lose(&3));
+    ledger.take_changes(&mut changes);
+    assert_eq!(
+        changes,
+        [(2, true), (1, false), (3, true), (3, false)],
+        "stored 2, evicted 1, stored 3, lost 3"
+    );
+    ledger.unpin(pin).unwrap();
+    changes.clear();
+    ledger.take_changes(&mut changes);
+    assert!(changes.is_empty(), "each change is taken once");
+    assert_eq!(ledger.stats().changes_dropped, 0);
 }

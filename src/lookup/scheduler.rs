@@ -399,6 +399,19 @@ where
         self.table.mark_miss_keys(keys)
     }
 
+    /// Tells the lookups that the tier now holds (`present`) or no longer
+    /// holds the blocks of `keys`, after a store completed or an eviction
+    /// removed them; returns how many key states changed (see
+    /// [`LookupTable::settle`]). A probe in flight for one of them answers
+    /// too late to override this.
+    pub fn settle<'k>(&mut self, keys: impl IntoIterator<Item = &'k K>, present: bool) -> usize
+    where
+        K: 'k,
+    {
+        self.drain();
+        self.table.settle(keys, present)
+    }
+
     /// Forgets request `id`: keys no other request asked for are dropped,
     /// and a late answer for them is discarded (see [`LookupTable::cleanup`]).
     pub fn cleanup(&mut self, id: &R::Id) {

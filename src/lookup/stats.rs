@@ -68,11 +68,19 @@ pub struct LookupStats {
     /// (see [`Group::claim`](super::Group::claim)), or whose running probe
     /// the tokio prober dropped for that reason.
     pub abandoned: u64,
+    /// Key states a completed store resolved as hits, or turned from
+    /// misses into hits (see
+    /// [`LookupTable::settle`](super::LookupTable::settle)); orphaned
+    /// probes it made moot, forgotten, are included.
+    pub settled_hits: u64,
+    /// Key states an eviction resolved as misses, or turned from hits into
+    /// misses; orphaned probes it made moot are included.
+    pub settled_misses: u64,
 }
 
 impl LookupStats {
     /// How many counters there are.
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 24;
 
     /// Every counter with its field's name, in declaration order: for an
     /// exporter (a metrics registry, a Python dict) that should not list
@@ -108,6 +116,8 @@ impl LookupStats {
             ("late_answers", self.late_answers),
             ("shed", self.shed),
             ("abandoned", self.abandoned),
+            ("settled_hits", self.settled_hits),
+            ("settled_misses", self.settled_misses),
         ]
     }
 }

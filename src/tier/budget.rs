@@ -302,6 +302,17 @@ impl DirBudget {
     pub(crate) fn lose(&self, path: &Path) {
         self.ledger.lose(&path.to_path_buf());
     }
+
+    /// Starts (or stops) logging which block files came and went (see
+    /// [`CapacityLedger::record_changes`](crate::capacity::CapacityLedger::record_changes)).
+    pub(crate) fn record_changes(&self, on: bool) {
+        self.ledger.with(|ledger| ledger.record_changes(on));
+    }
+
+    /// Moves the changes logged since the last call into `into`, in order.
+    pub(crate) fn take_changes(&self, into: &mut Vec<(PathBuf, bool)>) {
+        self.ledger.with(|ledger| ledger.take_changes(into));
+    }
 }
 
 /// Deletes a file; `true` when it is gone (also when it was already).

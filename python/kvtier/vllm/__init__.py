@@ -297,6 +297,12 @@ class AsyncLookupManager(PrivateLookupState):
         flight) is not touched."""
         self._lookup.mark_miss(keys)
 
+    def settle(self, keys: Iterable[bytes], present: bool) -> int:
+        """The tier stored (``present``) or deleted the blocks of ``keys``:
+        their lookups say so from now on, and a probe still in flight for
+        one of them can no longer override it. Returns how many changed."""
+        return self._lookup.settle(keys, present)
+
     def cleanup(self, req_id: str) -> None:
         """Forgets a finished request; an unknown id is a no-op."""
         self._lookup.cleanup(req_id)

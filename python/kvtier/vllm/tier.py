@@ -144,8 +144,13 @@ class FsTier(SecondaryTierManager):
     evicting blocks (``eviction_policy``: ``"lru"``, the default, or
     ``"s3fifo"``), a store that cannot get room fails as a job (nothing is
     lost; the block is computed again when needed), and loads pin their
-    blocks. A lookup may still answer a block evicted since: its load
-    fails, and only the failed tail is marked a miss. ``capacity_stats()``
+    blocks. Each step the lookups learn which blocks were stored and which
+    evicted (a hit whose block was evicted becomes a miss before any load
+    is tried; a store that completes while a lookup's probe is running
+    makes it a hit, whatever the probe answers later), and evictions are
+    ``removed`` KV events. A block deleted by another process is still
+    found by its failed load, and only the failed tail is marked a miss.
+    ``capacity_stats()``
     gives the counters (resident and reserved bytes, evictions, refusals,
     ENOSPC, startup trims)::
 
@@ -215,6 +220,9 @@ class FsTier(SecondaryTierManager):
             stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
         )
         _check_layout(self.file_mapper, self._transfers)
+        # The lookups learn of every store and deletion (see _settle_changes).
+        # guard: N11-the-tier-records-its-changes
+        self._transfers.record_changes(True)
         if capacity_bytes is not None:
             report = self._transfers.scan_report()
             logger.info(
@@ -297,7 +305,31 @@ class FsTier(SecondaryTierManager):
                     transfer_bytes=transfer_bytes,
                 )
             )
+        self._settle_changes()
         return results
+
+    def _settle_changes(self) -> None:
+        """Tells the lookups which blocks the transfers stored and which the
+        budget deleted, in the order it happened; a deletion is also a
+        ``removed`` event for vLLM's KV events."""
+        changes = self._transfers.take_changes()
+        # guard: N9-no-settle-after-shutdown
+        if not changes or self._closed:
+            return
+        run: list[OffloadKey] = []
+        present = changes[0][1]
+        for key, now in changes:
+            if now != present:
+                self._settle_run(run, present)
+                run, present = [], now
+            run.append(key)
+        self._settle_run(run, present)
+
+    def _settle_run(self, keys: list[OffloadKey], present: bool) -> None:
+        self._lookup_manager.settle(keys, present)
+        # guard: N10-evictions-are-removed-events
+        if not present and self.events is not None:
+            self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=True, locality=self.locality))
 
     def capacity_stats(self) -> Optional[dict[str, int]]:
         """The byte budget's counters and gauges (``None`` without

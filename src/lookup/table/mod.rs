@@ -32,6 +32,7 @@ mod bounds;
 mod check;
 mod inspect;
 mod keys;
+mod settle;
 mod storage;
 #[cfg(test)]
 mod tests;

@@ -99,6 +99,36 @@ impl VllmFsLayout {
         Ok(self.rank_dir.join(name))
     }
 
+    /// The key whose block is stored at `path`, the inverse of
+    /// [`path_of`](Self::path_of): `None` for a path that is not a block
+    /// file of this rank directory (a temporary file, a foreign name).
+    ///
+    /// ```
+    /// use kvtier::tier::VllmFsLayout;
+    ///
+    /// let layout = VllmFsLayout::new("/mnt/kv/llama_0123456789ab_r0")?;
+    /// let key = [0xab, 0xcd, 0xef, 0x01, 0, 0, 0, 2];
+    /// assert_eq!(layout.key_of(&layout.path_of(&key)?), Some(key.to_vec()));
+    /// assert_eq!(layout.key_of(std::path::Path::new("/mnt/kv/other.bin")), None);
+    /// # Ok::<(), kvtier::TierError>(())
+    /// ```
+    pub fn key_of(&self, path: &Path) -> Option<Vec<u8>> {
+        let relative = path.strip_prefix(&self.rank_dir).ok()?;
+        let mut parts = relative.iter().map(|part| part.to_str());
+        let (_fan_out, group_dir, file) = (parts.next()??, parts.next()??, parts.next()??);
+        if parts.next().is_some() {
+            return None;
+        }
+        let hex = file.strip_suffix(".bin")?;
+        let (_, group) = group_dir.rsplit_once("_g")?;
+        let group: u32 = group.parse().ok()?;
+        let mut key = decode_lower_hex(hex)?;
+        key.extend_from_slice(&group.to_be_bytes());
+        // Only the one spelling path_of gives names this key's block.
+        // guard: F14-a-key-round-trips-to-its-path
+        (self.path_of(&key).ok()? == path).then_some(key)
+    }
+
     /// Whether the block named by `key` is stored: its file is a regular file.
     pub fn contains(&self, key: &[u8]) -> Result<bool, TierError> {
         let mut name = String::new();
@@ -107,6 +137,23 @@ impl VllmFsLayout {
         }
         exists(&self.rank_dir.join(name), true)
     }
+}
+
+/// The bytes of an even-length lowercase hex string, `None` for anything
+/// else (an empty one included: a key holds a hash).
+fn decode_lower_hex(hex: &str) -> Option<Vec<u8>> {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    hex.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
 }
 
 /// Appends the path of `key`'s block below the rank directory to `out`:

@@ -6,9 +6,11 @@
 //!
 //! `layout` names the files; `blocks` reads and writes one file; `region`
 //! is the memory and the claims that keep two transfers off one block;
-//! `transfers` runs the jobs and reports them through the save core.
+//! `transfers` runs the jobs and reports them through the save core;
+//! `changes` tells the tier's lookups which blocks came and went.
 
 mod blocks;
+mod changes;
 mod layout;
 mod region;
 mod transfers;

@@ -16,6 +16,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::blocks::{load_block, store_block, sweep_temps};
+use super::changes::Changes;
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::SaveTracker;
@@ -202,7 +203,11 @@ pub struct VllmTransfers {
     /// Temporary files swept (see [`sweep_stale_temps`](Self::sweep_stale_temps)).
     swept: Arc<AtomicUsize>,
     /// The byte budget, once [`set_budget`](Self::set_budget) set one.
-    budget: Option<(DirBudget, ScanReport)>,
+    pub(super) budget: Option<(DirBudget, ScanReport)>,
+    /// Changes for the lookups, while recorded (see `changes.rs`): stores
+    /// reported by `finished` when there is no budget (with one, the
+    /// budget's ledger logs them).
+    pub(super) changes: Option<Changes>,
 }
 
 impl VllmTransfers {
@@ -243,6 +248,7 @@ impl VllmTransfers {
             submitted: Vec::new(),
             swept: Arc::default(),
             budget: None,
+            changes: None,
         })
     }
 
@@ -271,6 +277,9 @@ impl VllmTransfers {
             &naming,
             stale_temp_age,
         )?;
+        if self.changes.is_some() {
+            scanned.0.record_changes(true);
+        }
         Ok(&self.budget.insert(scanned).1)
     }
 
@@ -438,7 +447,7 @@ impl VllmTransfers {
         // The vector's allocation is kept for the next step's jobs.
         self.submitted = submitted;
         self.submitted.clear();
-        reported
+        let finished: Vec<FinishedTransfer> = reported
             .into_iter()
             .map(|(job, outcome)| FinishedTransfer {
                 id: job.id,
@@ -448,7 +457,9 @@ impl VllmTransfers {
                 io_time: Duration::from_nanos(job.progress.nanos.load(Ordering::Relaxed)),
                 keys: job.keys,
             })
-            .collect()
+            .collect();
+        self.note_stores(&finished);
+        finished
     }
 
     /// Waits until no job's I/O touches the region; returns how many jobs
