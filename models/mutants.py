@@ -1612,6 +1612,19 @@ MUTATIONS = [
         MODELS + ["fuzz_corpus", "vllm_block_path"],
     ),
     Mutation(
+        "K12-rank-0-records-its-changes",
+        "the connector's rank 0 never records its dumps and evictions: the scheduler's lookups keep stale verdicts",
+        [("            record_changes=self.rank == 0,", "            record_changes=False,")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_byte_budget_bounds_the_dumped_files"),
+    ),
+    Mutation(
+        "K13-the-scheduler-settles-the-workers-changes",
+        "the connector's scheduler drops the workers' changes: an evicted hit still leads to a load",
+        [("            for key, present in zip(meta.changed_keys, meta.changed_present):",
+          "            for key, present in []:")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_a_byte_budget_bounds_the_dumped_files"),
+    ),
+    Mutation(
         "N9-no-settle-after-shutdown",
         "changes reported after shutdown are settled into the closed lookup, which raises mid-report",
         [("        if not changes or self._closed:", "        if not changes:")],

@@ -317,11 +317,22 @@ def test_a_byte_budget_bounds_the_dumped_files(root: str) -> None:
     probe.shutdown()
     cluster = Cluster(connector_config(root, capacity_bytes=4 * page))
     request = cluster.add(_request())
+    keys = cluster.keys_of(request, 6)
+    # Another request already looked these blocks up: all absent then.
+    lookup = cluster.connector._scheduler.lookup
+    assert [lookup.lookup(key, "watcher") for key in keys] == [None] * 6
+    lookup.flush()
+    lookup.wait_idle()
+    assert [lookup.lookup(key, "watcher") for key in keys] == [False] * 6
     _prefill(cluster, request)
     _settle(cluster)
-    keys = cluster.keys_of(request, 6)
     # Six blocks dumped in order, room for four: the first two were evicted.
     assert cluster.check_files(keys) == {"present": 4, "absent": 2, "wrong": 0}
+    # Rank 0's changes reached the scheduler: the watcher's lookups are what
+    # the files are (six stores made hits, two evictions made misses again).
+    assert [lookup.lookup(key, "watcher") for key in keys] == [False] * 2 + [True] * 4
+    assert cluster.connector.stats()["blocks_settled"] == 8
+    lookup.cleanup("watcher")
     assert cluster.check_files(keys[2:]) == {"present": 4, "absent": 0, "wrong": 0}
     on_disk = sum(
         os.path.getsize(os.path.join(top, name))

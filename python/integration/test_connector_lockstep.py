@@ -154,6 +154,9 @@ class _Engine:
     def in_flight(self) -> int:
         return sum(not d.io_done for d in self.world.dumps[self.worker])
 
+    def take_changes(self) -> list:
+        return []  # no files in the scripted data path
+
 
 class _Tracker:
     """A worker's ``SaveTracker``, each call recorded."""

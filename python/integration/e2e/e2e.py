@@ -175,7 +175,9 @@ class Harness:
         check_log(run_dir.name, log)
         left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
         check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
-        return json.loads((run_dir / "out.json").read_text())
+        result = json.loads((run_dir / "out.json").read_text())
+        result["log"] = log
+        return result
 
     def kill_once_stored(self, what: str, name: str, root: Path, settings: dict, files: int) -> list[Path]:
         """Starts an engine, kills it (SIGKILL, its process group) as soon as

@@ -23,6 +23,7 @@ budget is of blocks).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from typing import TYPE_CHECKING
@@ -96,6 +97,15 @@ def _within(name: str, sampler: Sampler) -> None:
     )
 
 
+def settled(name: str, log: str) -> tuple[int, int, int]:
+    """What the tier's shutdown line says: lookups settled as hits and as
+    misses by its own stores and deletions, and blocks that failed to load."""
+    found = re.search(r"settled (\d+) lookups as hits and (\d+) as misses; (\d+) blocks failed to load", log)
+    check(found is not None, f"{name}: the tier's shutdown did not say what it settled")
+    hits, misses, failures = (int(n) for n in found.groups())
+    return hits, misses, failures
+
+
 def tiering(h: "Harness") -> None:
     root = h.work / "capacity-kvtier"
     shutil.rmtree(root, ignore_errors=True)
@@ -115,6 +125,15 @@ def tiering(h: "Harness") -> None:
     computed = m.get("vllm:prompt_tokens_by_source{source=local_compute}", 0)
     check(loaded > 0, f"capacity (process 2): nothing served from the tier: {m}")
     check(computed > 0, f"capacity (process 2): a tier within its budget served every token: {m}")
+    first_settled = settled("capacity (process 1)", first["log"])
+    second_settled = settled("capacity (process 2)", second["log"])
+    # Process 1 stores every prompt block while its requests hold their
+    # lookups: the stores settle some of them as hits (L18) in the engine.
+    check(first_settled[0] > 0, f"capacity (process 1): no lookup settled by a store: {first_settled}")
+    h.notes.append(
+        f"capacity: lookups settled (hits, misses) and blocks that failed to load: process 1 "
+        f"{first_settled}, process 2 {second_settled}"
+    )
     h.notes.append(
         f"capacity: a {CAPACITY_BLOCKS}-block budget for {PROMPTS * PROMPT_TOKENS // 32} prompt blocks; "
         f"{stored} blocks on disk after process 1; process 2 loaded {loaded} and computed {computed} prompt "

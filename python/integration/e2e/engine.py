@@ -28,6 +28,14 @@ import json
 import os
 import sys
 import time
+import logging
+
+# kvtier's own log lines (INFO and up), in every process of the engine: the
+# engine core and the workers are spawned, and import this module too.
+_handler = logging.StreamHandler()
+_handler.setFormatter(logging.Formatter("(pid=%(process)d) %(levelname)s %(name)s: %(message)s"))
+logging.getLogger("kvtier").addHandler(_handler)
+logging.getLogger("kvtier").setLevel(logging.INFO)
 
 
 def tier_configs(settings: dict) -> list:

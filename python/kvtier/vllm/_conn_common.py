@@ -199,14 +199,22 @@ class StorageConnectorMetadata(KVConnectorMetadata):
 @dataclass
 class StorageWorkerMetadata(KVConnectorWorkerMetadata):
     """From the workers to the scheduler, each step: every worker's
-    ``WorkerReport`` (wire form) and the keys of blocks that failed to load.
-    vLLM folds the workers' metadata together with ``aggregate``."""
+    ``WorkerReport`` (wire form), the keys of blocks that failed to load,
+    and the blocks rank 0 stored or deleted since the last step, in order
+    (``changed_keys[i]`` is present when ``changed_present[i]``), which the
+    scheduler's lookups settle. vLLM folds the workers' metadata together
+    with ``aggregate``."""
 
     reports: list[bytes] = field(default_factory=list)
     failed_keys: list[bytes] = field(default_factory=list)
+    changed_keys: list[bytes] = field(default_factory=list)
+    changed_present: list[bool] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, StorageWorkerMetadata)
         return StorageWorkerMetadata(
-            reports=self.reports + other.reports, failed_keys=self.failed_keys + other.failed_keys
+            reports=self.reports + other.reports,
+            failed_keys=self.failed_keys + other.failed_keys,
+            changed_keys=self.changed_keys + other.changed_keys,
+            changed_present=self.changed_present + other.changed_present,
         )

@@ -70,6 +70,7 @@ class SchedulerSide:
             "load_failed_keys": 0,
             "unannounced_finishes": 0,
             "report_disagreements": 0,
+            "blocks_settled": 0,
         }
 
     def _req(self, request: "Request") -> _Req:
@@ -254,13 +255,18 @@ class SchedulerSide:
 
     def update_connector_output(self, output: "KVConnectorOutput") -> None:
         """The workers' reports of the step: failed loads become misses,
-        and the requests every worker reported are freed — the same ones
+        rank 0's stored and deleted blocks settle the lookups, and the requests every worker reported are freed — the same ones
         vLLM's own aggregation frees (counted when they differ)."""
         meta = output.kv_connector_worker_meta
         freed: set[str] = set()
         if isinstance(meta, StorageWorkerMetadata):
             if meta.failed_keys:
                 self._failed_loads(meta.failed_keys)
+            # What rank 0 stored and deleted, in order: a deleted block's
+            # hit misses before any load, a stored one's wait ends in a hit.
+            # guard: K13-the-scheduler-settles-the-workers-changes
+            for key, present in zip(meta.changed_keys, meta.changed_present):
+                self.counters["blocks_settled"] += self.lookup.settle([key], present)
             for data in meta.reports:
                 free, refused = self.aggregator.accept(WorkerReport.decode(data))
                 freed.update(free)

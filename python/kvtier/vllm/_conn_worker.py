@@ -57,6 +57,10 @@ class WorkerSide:
             stale_temp_age=self.settings.stale_temp_age,
             capacity_bytes=self.settings.capacity_bytes,
             eviction_policy=self.settings.eviction_policy,
+            # The scheduler's lookups probe rank 0's directory: its changes
+            # settle them (see worker_meta).
+            # guard: K12-rank-0-records-its-changes
+            record_changes=self.rank == 0,
         )
         logger.info(
             "kvtier connector worker %d: %d KV tensors, %d bytes per block, %d staging slots",
@@ -149,9 +153,15 @@ class WorkerSide:
         return errors
 
     def worker_meta(self) -> Optional[StorageWorkerMetadata]:
-        if not self._reports and not self._failed_keys:
+        changes = self.engine.take_changes() if self.engine is not None else []
+        if not self._reports and not self._failed_keys and not changes:
             return None
-        meta = StorageWorkerMetadata(reports=self._reports, failed_keys=self._failed_keys)
+        meta = StorageWorkerMetadata(
+            reports=self._reports,
+            failed_keys=self._failed_keys,
+            changed_keys=[key for key, _ in changes],
+            changed_present=[present for _, present in changes],
+        )
         self._reports, self._failed_keys = [], []
         return meta
 

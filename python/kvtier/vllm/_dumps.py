@@ -107,6 +107,7 @@ class DumpEngine:
         stale_temp_age: Optional[float] = None,
         capacity_bytes: Optional[int] = None,
         eviction_policy: str = "lru",
+        record_changes: bool = False,
     ) -> None:
         if len(groups) != 1:
             raise ValueError(f"the connector handles one KV-cache group, not {len(groups)}")
@@ -137,6 +138,8 @@ class DumpEngine:
         )
         if capacity_bytes is None and stale_temp_age is not None:
             self._transfers.sweep_stale_temps(stale_temp_age)
+        # For take_changes: the blocks stored and deleted, in order.
+        self._transfers.record_changes(record_changes)
         self.rank_dir = rank_dir
         self._free: list[int] = list(range(self.dump_slots_total))
         self._load_free: list[int] = list(range(self.dump_slots_total, total))
@@ -219,6 +222,12 @@ class DumpEngine:
     def capacity_stats(self) -> Optional[dict[str, int]]:
         """The byte budget's counters (``None`` without one, or shut down)."""
         return self._transfers.capacity_stats() if self._transfers is not None else None
+
+    def take_changes(self) -> list[tuple[bytes, bool]]:
+        """The blocks stored (``True``) and deleted (``False``) since the
+        last call, in order; empty unless ``record_changes``, or once shut
+        down."""
+        return self._transfers.take_changes() if self._transfers is not None else []
 
     def in_flight(self) -> int:
         """Dumps queued, copying or writing."""

@@ -186,6 +186,8 @@ class FsTier(SecondaryTierManager):
         self._shutdown_grace = float(shutdown_grace)
         root_dir = _check_root_dir(root_dir)
         self._closed = False
+        # Blocks whose load failed and whose lookups were marked a miss.
+        self._load_failures = 0
         self.locality = Locality(locality) if locality is not None else None
         self.events: Optional[list[OffloadingEvent]] = None
         if enable_kv_events:
@@ -287,6 +289,7 @@ class FsTier(SecondaryTierManager):
                 # the closed lookup would cut the report short).
                 # guard: N6-no-miss-marked-after-shutdown
                 if not self._closed:
+                    self._load_failures += len(keys) - done
                     # guard: N1-a-failed-load-gives-up-only-its-tail
                     self._lookup_manager.mark_miss(keys[done:])
                 # guard: N1-a-failed-load-keeps-its-leading-blocks
@@ -363,6 +366,15 @@ class FsTier(SecondaryTierManager):
         after SIGTERM before it kills them; raise it with vLLM's own
         shutdown timeout."""
         self._closed = True
+        stats = self._lookup_manager.native.stats()
+        logger.info(
+            "tier %r: the tier's own stores and deletions settled %d lookups as hits and %d as "
+            "misses; %d blocks failed to load",
+            self.tier_type,
+            stats["settled_hits"],
+            stats["settled_misses"],
+            self._load_failures,
+        )
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)
         if loads or stores:
