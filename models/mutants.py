@@ -1625,6 +1625,38 @@ MUTATIONS = [
         in_vllm("connector", "test_connector_in_vllm.py", "test_a_byte_budget_bounds_the_dumped_files"),
     ),
     Mutation(
+        "E25-the-object-scan-keeps-the-newest-blocks",
+        "an object tier's startup scan keeps the oldest blocks that fit and deletes the newest",
+        [("            (b.last_modified.cmp(&a.last_modified)).then_with(|| a.location.cmp(&b.location))",
+          "            (a.last_modified.cmp(&b.last_modified)).then_with(|| a.location.cmp(&b.location))")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "a_restart_keeps_the_newest"],
+    ),
+    Mutation(
+        "E26-a-resident-object-that-went-is-written-again",
+        "an object the budget holds is taken as stored though it was deleted behind the tier's back",
+        [("                    if super::object::head(store, location).await? {", "                    if true {")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "an_object_removed_or_damaged"],
+    ),
+    Mutation(
+        "E27-object-loads-pin-their-blocks",
+        "an object tier's loads do not pin: a block being read can be evicted under the read",
+        [("            .and_then(|budget| budget.pin(&location));", "            .and_then(|_| None::<()>);")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "the_objects_stay_within_the_budget_in_memory"],
+    ),
+    Mutation(
+        "E28-object-stores-get-room-before-they-put",
+        "an object tier with a budget puts without asking it: the prefix grows past the budget",
+        [("    let Some(budget) = budget else {", "    let Some(budget) = None::<&ObjectBudget> else {")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "the_objects_stay_within_the_budget_in_memory"],
+    ),
+    Mutation(
+        "E29-a-budgeted-store-outlives-its-caller",
+        "a budgeted store dropped by its caller mid-put gives back its room while the put still lands: objects the books do not count",
+        [("        if let (Some(budget), Ok(runtime)) = (&self.budget, runtime) {",
+          "        if let (Some(budget), Ok(runtime)) = (&self.budget, runtime.ok().filter(|_| false).ok_or(())) {")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "a_store_whose_caller_stops_waiting"],
+    ),
+    Mutation(
         "N9-no-settle-after-shutdown",
         "changes reported after shutdown are settled into the closed lookup, which raises mid-report",
         [("        if not changes or self._closed:", "        if not changes:")],

@@ -67,7 +67,7 @@ pub use ledger::{
     Admission, CapacityLedger, Cause, LedgerError, Pin, Rejection, Reservation, Victim,
 };
 pub use policy::Policy;
-pub use shared::{ADMIT_ROUNDS, Admitted, PinGuard, SharedLedger, WriteGuard};
+pub use shared::{ADMIT_ROUNDS, Admitted, PinGuard, Reserved, SharedLedger, Victims, WriteGuard};
 pub use stats::CapacityStats;
 
 #[cfg(test)]

@@ -66,15 +66,48 @@ pub struct PinGuard<K: Clone + Eq + Hash> {
     pin: Option<Pin<K>>,
 }
 
-/// Victims handed out for deletion and not reported yet: whatever is left
-/// when it is dropped (the delete closure panicked) is reported as not
-/// deleted, so no victim stays evicting for ever.
-struct Pending<'a, K: Clone + Eq + Hash> {
-    ledger: &'a SharedLedger<K>,
+/// Victims handed out for deletion and not reported yet, from
+/// [`SharedLedger::reserve`]: delete each [`next`](Self::next) one, then
+/// report it with [`done`](Self::done). Whatever is left when this is
+/// dropped (a deletion panicked, an async caller was cancelled) is reported
+/// as not deleted, so no victim stays evicting for ever.
+pub struct Victims<K: Clone + Eq + Hash> {
+    ledger: SharedLedger<K>,
     victims: Vec<Victim<K>>,
+    deleted: usize,
 }
 
-impl<K: Clone + Eq + Hash> Drop for Pending<'_, K> {
+impl<K: Clone + Eq + Hash> Victims<K> {
+    /// The key of the next victim to delete; `None` when all are reported.
+    pub fn next(&self) -> Option<&K> {
+        self.victims.last().map(Victim::key)
+    }
+
+    /// Reports the [`next`](Self::next) victim: `gone` when its block is
+    /// deleted (or was already), `false` when it could not be (it stays
+    /// resident). Does nothing when none is left.
+    pub fn done(&mut self, gone: bool) {
+        // Popped only once reported: a panic before this leaves it to `drop`.
+        let Some(victim) = self.victims.pop() else {
+            return;
+        };
+        let mut ledger = self.ledger.inner.lock();
+        // Handed out once, reported once.
+        let _ = if gone {
+            self.deleted += 1;
+            ledger.evicted(victim)
+        } else {
+            ledger.eviction_failed(victim)
+        };
+    }
+
+    /// Victims reported deleted so far.
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+}
+
+impl<K: Clone + Eq + Hash> Drop for Victims<K> {
     fn drop(&mut self) {
         if self.victims.is_empty() {
             return;
@@ -86,6 +119,17 @@ impl<K: Clone + Eq + Hash> Drop for Pending<'_, K> {
             let _ = ledger.eviction_failed(victim);
         }
     }
+}
+
+/// One answer of [`SharedLedger::reserve`].
+#[must_use = "a write guard aborts its reservation and victims are reported not deleted when dropped"]
+pub enum Reserved<K: Clone + Eq + Hash> {
+    /// Room is reserved: write the block, then [`WriteGuard::commit`].
+    Write(WriteGuard<K>),
+    /// The block is already resident.
+    Present,
+    /// Delete these, then ask again.
+    Evict(Victims<K>),
 }
 
 impl<K: Clone + Eq + Hash> SharedLedger<K> {
@@ -123,55 +167,63 @@ impl<K: Clone + Eq + Hash> SharedLedger<K> {
         mut delete: impl FnMut(&K) -> bool,
     ) -> Result<Admitted<K>, Rejection> {
         for _ in 0..ADMIT_ROUNDS {
-            let answer = self.inner.lock().reserve(key.clone(), bytes);
-            match answer {
-                Admission::Granted(reservation) => {
-                    return Ok(Admitted::Write(WriteGuard {
-                        ledger: self.clone(),
-                        reservation: Some(reservation),
-                    }));
-                }
-                Admission::Present => return Ok(Admitted::Present),
-                Admission::Rejected(Rejection::Busy) => continue,
-                Admission::Rejected(rejection) => return Err(rejection),
-                Admission::Evict(victims) => {
-                    self.delete_victims(victims, &mut delete);
+            match self.reserve(key.clone(), bytes)? {
+                Reserved::Write(write) => return Ok(Admitted::Write(write)),
+                Reserved::Present => return Ok(Admitted::Present),
+                Reserved::Evict(mut victims) => {
+                    while let Some(victim) = victims.next() {
+                        let gone = delete(victim);
+                        victims.done(gone);
+                    }
                 }
             }
         }
         Err(Rejection::Busy)
     }
 
-    /// Deletes `victims` (this ledger's, from a reservation, a trim, a seed
-    /// or an ENOSPC) with `delete`, called without the lock (`true`: the
-    /// file is gone, or was already), and reports each one as evicted or
-    /// not; returns how many were deleted. Victims a panicking `delete`
+    /// One round of [`admit`](Self::admit), for a caller that deletes
+    /// victims its own way (an async store): room, "present", or victims
+    /// to delete before asking again. A busy block is [`Reserved::Evict`]
+    /// with no victims (ask again); other refusals are errors.
+    pub fn reserve(&self, key: K, bytes: u64) -> Result<Reserved<K>, Rejection> {
+        let answer = self.inner.lock().reserve(key, bytes);
+        match answer {
+            Admission::Granted(reservation) => Ok(Reserved::Write(WriteGuard {
+                ledger: self.clone(),
+                reservation: Some(reservation),
+            })),
+            Admission::Present => Ok(Reserved::Present),
+            Admission::Rejected(Rejection::Busy) => Ok(Reserved::Evict(self.victims(Vec::new()))),
+            Admission::Rejected(rejection) => Err(rejection),
+            Admission::Evict(victims) => Ok(Reserved::Evict(self.victims(victims))),
+        }
+    }
+
+    /// Takes charge of `victims` (this ledger's, from a reservation, a
+    /// trim, a seed or an ENOSPC), to be deleted and reported.
+    pub fn victims(&self, victims: Vec<Victim<K>>) -> Victims<K> {
+        Victims {
+            ledger: self.clone(),
+            victims,
+            deleted: 0,
+        }
+    }
+
+    /// Deletes `victims` with `delete`, called without the lock (`true`:
+    /// the file is gone, or was already), and reports each one as evicted
+    /// or not; returns how many were deleted. Victims a panicking `delete`
     /// leaves are reported as not deleted.
     pub fn delete_victims(
         &self,
         victims: Vec<Victim<K>>,
         mut delete: impl FnMut(&K) -> bool,
     ) -> usize {
-        let mut pending = Pending {
-            ledger: self,
-            victims,
-        };
-        let mut deleted = 0;
-        while let Some(victim) = pending.victims.last() {
-            // Popped only once deleted: a panic in `delete` leaves it to
-            // `Pending`'s drop.
-            let gone = delete(victim.key());
-            let victim = pending.victims.pop().expect("the victim just looked at");
-            let mut ledger = self.inner.lock();
-            // Handed out once, reported once.
-            let _ = if gone {
-                deleted += 1;
-                ledger.evicted(victim)
-            } else {
-                ledger.eviction_failed(victim)
-            };
+        let mut victims = self.victims(victims);
+        while let Some(victim) = victims.next() {
+            let gone = delete(victim);
+            victims.done(gone);
         }
-        deleted
+        victims.deleted()
     }
 
     /// Pins `key`'s block for a read; `None` when it is not resident.

@@ -19,26 +19,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::TierError;
 use super::files::is_absent;
+use super::{ScanReport, TierError};
 use crate::capacity::{Admitted, CapacityLedger, CapacityStats, PinGuard, Policy, SharedLedger};
 use crate::capacity::{Rejection, WriteGuard};
-
-/// What a startup scan found and did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ScanReport {
-    /// Block files counted as resident.
-    pub blocks: u64,
-    /// Their bytes.
-    pub bytes: u64,
-    /// Older block files deleted because the newer ones fill the capacity.
-    pub trimmed: u64,
-    /// Temporary files of dead writers deleted.
-    pub swept: u64,
-    /// How long the scan took.
-    pub elapsed: Duration,
-}
 
 /// Which layout a directory's block files follow, for [`scan_directory`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::ScanReport;
 use super::TierError;
-use super::budget::{BlockLayout, DirBudget, ScanReport};
+use super::budget::{BlockLayout, DirBudget};
 #[cfg(tokio_driver)]
 use super::files::stat_blocking;
 use super::files::{

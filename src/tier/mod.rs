@@ -22,8 +22,28 @@ mod fs;
 mod key;
 #[cfg(object_tier)]
 mod object;
+#[cfg(object_tier)]
+mod object_budget;
 #[cfg(fs_tier)]
 pub(crate) mod pool;
+
+/// What a budgeted tier's startup scan found and did (a directory's, or an
+/// object tier's prefix).
+#[cfg(tiers)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScanReport {
+    /// Blocks counted as resident.
+    pub blocks: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Older blocks deleted because the newer ones fill the capacity.
+    pub trimmed: u64,
+    /// Temporary files of dead writers deleted (directories only).
+    pub swept: u64,
+    /// How long the scan took.
+    pub elapsed: std::time::Duration,
+}
 
 /// The most I/O threads one tier or transfer pool starts: a thread count
 /// is a caller's number, and each thread reserves a stack.
@@ -59,7 +79,7 @@ mod vllm;
 use std::path::{Path, PathBuf};
 
 #[cfg(fs_tier)]
-pub use budget::{BlockLayout, ScanReport, scan_directory};
+pub use budget::{BlockLayout, scan_directory};
 pub use format::Corruption;
 #[cfg(fs_tier)]
 pub use fs::{FsOptions, FsSaveTask, FsTier};

@@ -6,11 +6,13 @@ use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::TierError;
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
+use super::object_budget::ObjectBudget;
 use super::s3::S3Options;
 use super::save::{SaveTask, finish};
+use super::{ScanReport, TierError};
+use crate::capacity::{CapacityStats, Policy};
 use crate::lookup::AsyncBackend;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -64,6 +66,8 @@ pub struct ObjectTier {
     /// not multiply into more requests than the store can take.
     requests: Arc<Semaphore>,
     max_in_flight: usize,
+    /// The byte budget, once [`with_capacity`](Self::with_capacity) set one.
+    budget: Option<Arc<ObjectBudget>>,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +98,7 @@ impl ObjectTier {
             counters: Default::default(),
             requests: Arc::new(Semaphore::new(DEFAULT_IN_FLIGHT)),
             max_in_flight: DEFAULT_IN_FLIGHT,
+            budget: None,
         })
     }
 
@@ -124,6 +129,75 @@ impl ObjectTier {
     /// The bound on requests in flight.
     pub fn max_in_flight(&self) -> usize {
         self.max_in_flight
+    }
+
+    /// Bounds the bytes of this tier's blocks (its namespace: a bucket
+    /// prefix) to `capacity_bytes`. Lists the namespace now (the startup
+    /// scan): the newest blocks that fit are counted, older ones deleted.
+    /// From then on every store gets room first, deleting blocks by
+    /// `policy` (a store that cannot is [`TierError::NoRoom`], nothing
+    /// lost), and every load pins its block. Clones share the budget.
+    ///
+    /// The budget counts what this tier found and wrote: another process
+    /// writing to the same prefix is not counted until its next scan (see
+    /// docs/design.md, "Capacity across processes").
+    ///
+    /// ```
+    /// use kvtier::ObjectTier;
+    /// use kvtier::capacity::Policy;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let tier = ObjectTier::memory("ns")?.with_capacity(200, Policy::Lru).await?;
+    /// for key in 0u64..4 {
+    ///     tier.store(&key, vec![0; 84]).await?; // 100 bytes with the header
+    /// }
+    /// assert!(!tier.contains(&0u64).await? && !tier.contains(&1u64).await?);
+    /// let stats = tier.capacity_stats().expect("a budget");
+    /// assert_eq!((stats.resident_bytes, stats.evictions), (200, 2));
+    /// # Ok::<(), kvtier::TierError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn with_capacity(
+        mut self,
+        capacity_bytes: u64,
+        policy: Policy,
+    ) -> Result<Self, TierError> {
+        if capacity_bytes == 0 {
+            return Err(TierError::Config(
+                "capacity_bytes is 0: a budget must hold at least one block".into(),
+            ));
+        }
+        if self.budget.is_some() {
+            return Err(TierError::Config(
+                "the tier has a byte budget already".into(),
+            ));
+        }
+        let prefix = ObjectPath::from(self.namespace.as_str());
+        let budget = ObjectBudget::scan(&*self.store, &prefix, capacity_bytes, policy).await?;
+        self.budget = Some(Arc::new(budget));
+        Ok(self)
+    }
+
+    /// The byte budget's counters and gauges (`None` without one).
+    pub fn capacity_stats(&self) -> Option<CapacityStats> {
+        self.budget.as_ref().map(|budget| budget.stats())
+    }
+
+    /// What the budget's startup scan found (`None` without one).
+    pub fn scan_report(&self) -> Option<ScanReport> {
+        self.budget.as_ref().map(|budget| budget.report().clone())
+    }
+
+    /// Sets the budget to `capacity_bytes` and deletes blocks until the
+    /// books fit it (blocks being read or written stay until those end);
+    /// returns how many were deleted. An error without a budget.
+    pub async fn trim(&self, capacity_bytes: u64) -> Result<usize, TierError> {
+        match &self.budget {
+            Some(budget) => Ok(budget.trim(&*self.store, capacity_bytes).await),
+            None => Err(TierError::Config(
+                "the tier has no byte budget (with_capacity)".into(),
+            )),
+        }
     }
 
     /// A tier in memory (tests, demos).
@@ -215,6 +289,11 @@ impl ObjectTier {
     /// be fetched or is not a whole, intact kvtier block.
     pub async fn load(&self, key: &(impl BlockKey + ?Sized)) -> Result<Option<Vec<u8>>, TierError> {
         let location = self.location_of(key);
+        // guard: E27-object-loads-pin-their-blocks
+        let _pin = self
+            .budget
+            .as_ref()
+            .and_then(|budget| budget.pin(&location));
         let _permit = self.permit().await;
         let fetched = match self.store.get(&location).await {
             Ok(result) => result.bytes().await,
@@ -222,26 +301,66 @@ impl ObjectTier {
         };
         let bytes = match fetched {
             Ok(bytes) => bytes,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(object_store::Error::NotFound { .. }) => {
+                if let Some(budget) = &self.budget {
+                    budget.lose(&location); // gone behind the tier's back
+                }
+                return Ok(None);
+            }
             Err(error) => return Err(store_error("get", &location, error)),
         };
         match format::decode(&bytes) {
             Ok(_) => Ok(Some(bytes[HEADER_LEN..].to_vec())),
-            Err(kind) => Err(TierError::Corrupt {
-                location: location.to_string(),
-                kind,
-            }),
+            Err(kind) => {
+                if let Some(budget) = &self.budget {
+                    // Off the books and out of the store, so the next
+                    // store writes it whole.
+                    budget.lose(&location);
+                    let _ = self.store.delete(&location).await;
+                }
+                Err(TierError::Corrupt {
+                    location: location.to_string(),
+                    kind,
+                })
+            }
         }
     }
 
-    /// Stores `payload` as the block for `key` (one `put`).
+    /// Stores `payload` as the block for `key` (one `put`). Under a byte
+    /// budget ([`with_capacity`](Self::with_capacity)) room is made first,
+    /// and on a tokio runtime the put and its commit run on a task of
+    /// their own: dropping this future does not cancel them, so the books
+    /// always count what the store holds.
     pub async fn store(
         &self,
         key: &(impl BlockKey + ?Sized),
         payload: Vec<u8>,
     ) -> Result<(), TierError> {
+        let location = self.location_of(key);
+        // guard: E29-a-budgeted-store-outlives-its-caller
+        let runtime = tokio::runtime::Handle::try_current();
+        if let (Some(budget), Ok(runtime)) = (&self.budget, runtime) {
+            // Under a budget the put and its commit run together to their
+            // end even if the caller stops waiting: a put cancelled after
+            // the store received it would leave an object the books do not
+            // count.
+            let (store, budget, requests) =
+                (self.store.clone(), budget.clone(), self.requests.clone());
+            let job_location = location.clone();
+            let job = runtime.spawn(async move {
+                let _permit = requests.acquire().await.ok();
+                put_within(&*store, Some(&budget), &job_location, &payload).await
+            });
+            return job.await.unwrap_or_else(|stopped| {
+                Err(TierError::Store {
+                    op: "put",
+                    location: location.to_string(),
+                    source: Box::new(stopped),
+                })
+            });
+        }
         let _permit = self.permit().await;
-        put(&*self.store, &self.location_of(key), &payload).await
+        put_within(&*self.store, self.budget.as_deref(), &location, &payload).await
     }
 
     /// Stores `payload` as the block for `key` on `runtime`; the returned
@@ -257,18 +376,23 @@ impl ObjectTier {
         let location = self.location_of(key);
         let id = self.counters.saves.fetch_add(1, Ordering::Relaxed);
         let store = self.store.clone();
+        let budget = self.budget.clone();
         let requests = self.requests.clone();
         let job_location = location.clone();
         let (task, completer) = SaveTask::start(id, location);
         runtime.spawn(async move {
             let _permit = requests.acquire().await.ok();
-            finish(completer, put(&*store, &job_location, &payload).await);
+            let stored = put_within(&*store, budget.as_deref(), &job_location, &payload).await;
+            finish(completer, stored);
         });
         task
     }
 }
 
-async fn head(store: &dyn ObjectStore, location: &ObjectPath) -> Result<bool, TierError> {
+pub(super) async fn head(
+    store: &dyn ObjectStore,
+    location: &ObjectPath,
+) -> Result<bool, TierError> {
     match store.head(location).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -288,7 +412,34 @@ async fn put(
         .map_err(|error| store_error("put", location, error))
 }
 
-fn store_error(op: &'static str, location: &ObjectPath, error: object_store::Error) -> TierError {
+/// A `put` under `budget` (if any): room first (deleting victims), then
+/// the object; the room is committed when the `put` succeeded and given
+/// back when it failed or was cancelled. A block the budget holds whose
+/// object is still there is not written again.
+async fn put_within(
+    store: &dyn ObjectStore,
+    budget: Option<&ObjectBudget>,
+    location: &ObjectPath,
+    payload: &[u8],
+) -> Result<(), TierError> {
+    // guard: E28-object-stores-get-room-before-they-put
+    let Some(budget) = budget else {
+        return put(store, location, payload).await;
+    };
+    let bytes = (HEADER_LEN + payload.len()) as u64;
+    let Some(room) = budget.admit(store, location, bytes).await? else {
+        return Ok(());
+    };
+    put(store, location, payload).await?;
+    room.commit();
+    Ok(())
+}
+
+pub(super) fn store_error(
+    op: &'static str,
+    location: &ObjectPath,
+    error: object_store::Error,
+) -> TierError {
     TierError::Store {
         op,
         location: location.to_string(),

@@ -24,7 +24,8 @@ use crate::capacity::{CapacityStats, Policy};
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::tier::budget::{BlockLayout, DirBudget, ScanReport};
+use crate::tier::ScanReport;
+use crate::tier::budget::{BlockLayout, DirBudget};
 use crate::tier::pool::IoPool;
 use crate::tier::{MAX_IO_THREADS, TierError};
 

@@ -1,0 +1,157 @@
+//! A byte budget over an object tier's blocks: a bucket prefix bounded the
+//! way `budget.rs` bounds a directory, with the store's requests awaited.
+//!
+//! The startup scan lists the prefix (one listing, paged by the store): the
+//! newest objects (by their last-modified time) that fit are counted, older
+//! ones deleted. A store gets room first, deleting its victims with one
+//! `delete` each, outside the ledger's lock; a victim whose deletion fails
+//! stays resident. Loads pin; an object found missing or damaged leaves the
+//! books (a damaged one is deleted). A store cancelled mid-way (its future
+//! dropped) gives back its room and reports its victims as not deleted: the
+//! ledger's guards do that on drop.
+
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::{ScanReport, TierError};
+use crate::capacity::{
+    ADMIT_ROUNDS, CapacityLedger, CapacityStats, PinGuard, Policy, Rejection, Reserved,
+    SharedLedger, Victims, WriteGuard,
+};
+
+/// The budget of one [`ObjectTier`](crate::ObjectTier) (shared by its
+/// clones).
+pub(crate) struct ObjectBudget {
+    ledger: SharedLedger<ObjectPath>,
+    report: ScanReport,
+}
+
+impl std::fmt::Debug for ObjectBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectBudget")
+            .field("stats", &self.ledger.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectBudget {
+    /// Lists the blocks below `prefix` and seeds a ledger of `capacity`
+    /// bytes with the newest that fit; deletes the rest. A listing that
+    /// fails is an error (the tier cannot know its usage).
+    pub(crate) async fn scan(
+        store: &dyn ObjectStore,
+        prefix: &ObjectPath,
+        capacity: u64,
+        policy: Policy,
+    ) -> Result<Self, TierError> {
+        let started = Instant::now();
+        let mut found = Vec::new();
+        let mut listing = store.list(Some(prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|error| super::object::store_error("list", prefix, error))?;
+            if meta.location.as_ref().ends_with(".bin") {
+                found.push(meta);
+            }
+        }
+        // Newest first: the ledger counts what fits and names the rest.
+        // guard: E25-the-object-scan-keeps-the-newest-blocks
+        found.sort_unstable_by(|a, b| {
+            (b.last_modified.cmp(&a.last_modified)).then_with(|| a.location.cmp(&b.location))
+        });
+        let mut ledger = CapacityLedger::new(capacity, policy);
+        let mut report = ScanReport::default();
+        let mut victims = Vec::new();
+        for meta in found {
+            match ledger.seed(meta.location, meta.size) {
+                Some(victim) => victims.push(victim),
+                None => {
+                    report.blocks += 1;
+                    report.bytes += meta.size;
+                }
+            }
+        }
+        let ledger = SharedLedger::from_ledger(ledger);
+        report.trimmed = delete_all(store, ledger.victims(victims)).await as u64;
+        report.elapsed = started.elapsed();
+        Ok(Self { ledger, report })
+    }
+
+    pub(crate) fn stats(&self) -> CapacityStats {
+        self.ledger.stats()
+    }
+
+    pub(crate) fn report(&self) -> &ScanReport {
+        &self.report
+    }
+
+    /// Room for the block at `location` of `bytes`: `Ok(None)` when the
+    /// block is resident and its object still there (nothing to write).
+    pub(crate) async fn admit(
+        &self,
+        store: &dyn ObjectStore,
+        location: &ObjectPath,
+        bytes: u64,
+    ) -> Result<Option<WriteGuard<ObjectPath>>, TierError> {
+        let refused = |reason| TierError::NoRoom {
+            path: location.to_string(),
+            bytes,
+            capacity: self.ledger.with(|ledger| ledger.capacity()),
+            reason,
+        };
+        for _ in 0..ADMIT_ROUNDS {
+            match self
+                .ledger
+                .reserve(location.clone(), bytes)
+                .map_err(refused)?
+            {
+                Reserved::Write(write) => return Ok(Some(write)),
+                Reserved::Present => {
+                    // guard: E26-a-resident-object-that-went-is-written-again
+                    if super::object::head(store, location).await? {
+                        return Ok(None);
+                    }
+                    self.ledger.lose(location);
+                }
+                Reserved::Evict(victims) => {
+                    delete_all(store, victims).await;
+                }
+            }
+        }
+        Err(refused(Rejection::Busy))
+    }
+
+    pub(crate) fn pin(&self, location: &ObjectPath) -> Option<PinGuard<ObjectPath>> {
+        self.ledger.pin(location)
+    }
+
+    pub(crate) fn lose(&self, location: &ObjectPath) {
+        self.ledger.lose(location);
+    }
+
+    /// Sets the capacity and deletes blocks until the books fit it;
+    /// returns how many were deleted.
+    pub(crate) async fn trim(&self, store: &dyn ObjectStore, capacity: u64) -> usize {
+        let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
+        delete_all(store, self.ledger.victims(victims)).await
+    }
+}
+
+/// Deletes every victim (a missing object counts as deleted) and reports
+/// each; returns how many are gone. Dropped mid-way, the rest are reported
+/// as not deleted.
+async fn delete_all(store: &dyn ObjectStore, mut victims: Victims<ObjectPath>) -> usize {
+    while let Some(location) = victims.next().cloned() {
+        let gone = match store.delete(&location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+            Err(error) => {
+                tracing::warn!(%location, %error, "an evicted block could not be deleted");
+                false
+            }
+        };
+        victims.done(gone);
+    }
+    victims.deleted()
+}
