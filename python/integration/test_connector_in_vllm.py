@@ -350,6 +350,15 @@ def test_a_byte_budget_bounds_the_dumped_files(root: str) -> None:
 def test_a_blocking_save_returns_with_its_dumps_done(root: str) -> None:
     cluster = Cluster(connector_config(root, blocking_save=True))
     request = cluster.add(_request())
+    # Each dump is held for 2 s from when the first is seen: a save that
+    # did not wait would return with them in flight, however fast the disk.
+    first_seen: list[float] = []
+
+    def held(dump: Any) -> bool:
+        first_seen[:] = first_seen or [time.monotonic()]
+        return time.monotonic() < first_seen[0] + 2.0
+
+    cluster.engine().hold(held)
     _prefill(cluster, request)
     # wait_for_save waited: nothing in flight, every block on disk already.
     assert cluster.engine().in_flight() == 0

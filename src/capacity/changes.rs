@@ -17,7 +17,8 @@
 
 use std::collections::VecDeque;
 
-/// Entries a [`ChangeLog`] keeps before it drops the oldest.
+/// Entries a ledger's change log keeps before it drops the oldest (see
+/// [`CapacityLedger::record_changes`](super::CapacityLedger::record_changes)).
 pub const MAX_CHANGES: usize = 1 << 16;
 
 /// A bounded log of `(key, present)` changes (see the module docs).
