@@ -1657,6 +1657,13 @@ MUTATIONS = [
         TEST + ["-p", "kvtier", "--test", "object_capacity", "a_store_whose_caller_stops_waiting"],
     ),
     Mutation(
+        "N12-only-the-first-shutdown-reports",
+        "a second shutdown asks the closed lookup for its counters, which raises (vLLM's own fs-tier test shuts down twice)",
+        [("        if not self._closed:\n            stats = self._lookup_manager.native.stats()",
+          "        if True:\n            stats = self._lookup_manager.native.stats()")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_a_tier_shut_down_twice_raises_nothing"),
+    ),
+    Mutation(
         "N9-no-settle-after-shutdown",
         "changes reported after shutdown are settled into the closed lookup, which raises mid-report",
         [("        if not changes or self._closed:", "        if not changes:")],

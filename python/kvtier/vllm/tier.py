@@ -365,16 +365,20 @@ class FsTier(SecondaryTierManager):
         default grace fits inside the 5 s vLLM gives its engine processes
         after SIGTERM before it kills them; raise it with vLLM's own
         shutdown timeout."""
+        # A second shutdown (vLLM's tests shut a tier down, then their
+        # fixture does again) finds the lookup closed: nothing to report.
+        # guard: N12-only-the-first-shutdown-reports
+        if not self._closed:
+            stats = self._lookup_manager.native.stats()
+            logger.info(
+                "tier %r: the tier's own stores and deletions settled %d lookups as hits and %d as "
+                "misses; %d blocks failed to load",
+                self.tier_type,
+                stats["settled_hits"],
+                stats["settled_misses"],
+                self._load_failures,
+            )
         self._closed = True
-        stats = self._lookup_manager.native.stats()
-        logger.info(
-            "tier %r: the tier's own stores and deletions settled %d lookups as hits and %d as "
-            "misses; %d blocks failed to load",
-            self.tier_type,
-            stats["settled_hits"],
-            stats["settled_misses"],
-            self._load_failures,
-        )
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)
         if loads or stores:
