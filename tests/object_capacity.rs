@@ -9,10 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::s3::{S3Server, unique_bucket};
+use common::s3::{S3Server, runtime, s3_options, unique_bucket};
 use futures_util::StreamExt;
 use kvtier::capacity::Policy;
-use kvtier::tier::S3Options;
 use kvtier::{ObjectTier, TierError};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
@@ -21,11 +20,12 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 /// 84 bytes of payload: 100 bytes with the block header.
 const BLOCK: u64 = 100;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+/// A tier on `store` below "ns" with a budget of `blocks` blocks.
+async fn budgeted(store: &Arc<dyn ObjectStore>, blocks: u64) -> ObjectTier {
+    ObjectTier::new(store.clone(), "ns")
+        .unwrap()
+        .with_capacity(blocks * BLOCK, Policy::Lru)
+        .await
         .unwrap()
 }
 
@@ -82,11 +82,7 @@ fn the_objects_stay_within_the_budget_on_a_loopback_s3_server() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("kvtier-budget");
     server.create_bucket(&bucket);
-    let options = S3Options::new(&bucket)
-        .endpoint(server.endpoint.clone())
-        .allow_http(true)
-        .credentials("testing", "testing")
-        .region("us-east-1");
+    let options = s3_options(&server, &bucket);
     let tier = ObjectTier::s3(&options, "model/rank0").unwrap();
     let runtime = runtime();
     runtime.block_on(async {
@@ -129,11 +125,7 @@ fn a_restart_keeps_the_newest_blocks_and_a_trim_lowers_the_budget() {
             // Distinct modification times, oldest first.
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        let tier = ObjectTier::new(store.clone(), "ns")
-            .unwrap()
-            .with_capacity(3 * BLOCK, Policy::Lru)
-            .await
-            .unwrap();
+        let tier = budgeted(&store, 3).await;
         let report = tier.scan_report().unwrap();
         assert_eq!((report.blocks, report.trimmed), (3, 2));
         for key in 0u64..5 {
@@ -152,11 +144,7 @@ fn a_restart_keeps_the_newest_blocks_and_a_trim_lowers_the_budget() {
 fn an_object_removed_or_damaged_behind_the_tiers_back_leaves_the_books() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     runtime().block_on(async {
-        let tier = ObjectTier::new(store.clone(), "ns")
-            .unwrap()
-            .with_capacity(3 * BLOCK, Policy::Lru)
-            .await
-            .unwrap();
+        let tier = budgeted(&store, 3).await;
         tier.store(&1u64, vec![1; 84]).await.unwrap();
         tier.store(&2u64, vec![2; 84]).await.unwrap();
         // Removed: a store writes it again (the books said resident).
@@ -290,11 +278,7 @@ impl ObjectStore for SlowPuts {
 fn a_store_whose_caller_stops_waiting_still_ends_with_the_books_equal_to_the_objects() {
     let store: Arc<dyn ObjectStore> = Arc::new(SlowPuts::default());
     runtime().block_on(async {
-        let tier = ObjectTier::new(store.clone(), "ns")
-            .unwrap()
-            .with_capacity(3 * BLOCK, Policy::Lru)
-            .await
-            .unwrap();
+        let tier = budgeted(&store, 3).await;
         for key in 0u64..3 {
             // The caller gives up while the put runs.
             let stopped = tokio::time::timeout(
