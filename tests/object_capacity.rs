@@ -9,9 +9,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::s3::{S3Server, runtime, s3_options, unique_bucket};
+use common::s3::{S3Server, unique_bucket};
 use futures_util::StreamExt;
 use kvtier::capacity::Policy;
+use kvtier::tier::S3Options;
 use kvtier::{ObjectTier, TierError};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
@@ -19,6 +20,14 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// 84 bytes of payload: 100 bytes with the block header.
 const BLOCK: u64 = 100;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
 /// A tier on `store` below "ns" with a budget of `blocks` blocks.
 async fn budgeted(store: &Arc<dyn ObjectStore>, blocks: u64) -> ObjectTier {
@@ -82,7 +91,11 @@ fn the_objects_stay_within_the_budget_on_a_loopback_s3_server() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("kvtier-budget");
     server.create_bucket(&bucket);
-    let options = s3_options(&server, &bucket);
+    let options = S3Options::new(&bucket)
+        .endpoint(server.endpoint.clone())
+        .allow_http(true)
+        .credentials("testing", "testing")
+        .region("us-east-1");
     let tier = ObjectTier::s3(&options, "model/rank0").unwrap();
     let runtime = runtime();
     runtime.block_on(async {

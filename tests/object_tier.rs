@@ -8,12 +8,20 @@ mod common;
 use std::sync::mpsc::{RecvTimeoutError, channel};
 use std::time::Duration;
 
-use common::s3::{S3Server, runtime, s3_options, unique_bucket};
+use common::s3::{S3Server, unique_bucket};
 use kvtier::{
     ObjectTier, SaveScheduler, SaveTracker, StoreTask, TierError, lookup::TokioConfig,
     lookup::TokioLookup, save::TaskError, tier::Corruption, tier::S3Options,
 };
 use object_store::ObjectStoreExt;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
 /// Runs `test` on a thread and fails if it has not finished after 120 s.
 fn watchdog(test: impl FnOnce() + Send + 'static) {
@@ -29,6 +37,17 @@ fn watchdog(test: impl FnOnce() + Send + 'static) {
         }
         Err(RecvTimeoutError::Timeout) => panic!("hung: the test did not finish within 120 s"),
     }
+}
+
+fn s3_options(server: &S3Server, bucket: &str) -> S3Options {
+    S3Options::new(bucket)
+        .endpoint(server.endpoint.clone())
+        .allow_http(true)
+        .credentials("testing", "testing")
+        .region("us-east-1")
+        .request_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(1))
+        .max_retries(1)
 }
 
 /// Store, contains, load and damage detection, the same on every backend.

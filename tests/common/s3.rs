@@ -156,27 +156,3 @@ pub fn unique_bucket(prefix: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
-
-/// A two-worker tokio runtime for the object-store tests.
-pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Options for `bucket` on `server`, with the test credentials and short
-/// timeouts (a server that goes away fails a request in seconds). Not
-/// under the model checkers, which build no tier.
-#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
-pub fn s3_options(server: &S3Server, bucket: &str) -> kvtier::tier::S3Options {
-    kvtier::tier::S3Options::new(bucket)
-        .endpoint(server.endpoint.clone())
-        .allow_http(true)
-        .credentials(ACCESS_KEY, SECRET_KEY)
-        .region("us-east-1")
-        .request_timeout(std::time::Duration::from_secs(2))
-        .connect_timeout(std::time::Duration::from_secs(1))
-        .max_retries(1)
-}
