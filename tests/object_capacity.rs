@@ -29,15 +29,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// A tier on `store` below "ns" with a budget of `blocks` blocks.
-async fn budgeted(store: &Arc<dyn ObjectStore>, blocks: u64) -> ObjectTier {
-    ObjectTier::new(store.clone(), "ns")
-        .unwrap()
-        .with_capacity(blocks * BLOCK, Policy::Lru)
-        .await
-        .unwrap()
-}
-
 /// The bytes of the objects below `prefix`.
 async fn bytes_below(store: &dyn ObjectStore, prefix: &str) -> u64 {
     let prefix = ObjectPath::from(prefix);
@@ -138,7 +129,11 @@ fn a_restart_keeps_the_newest_blocks_and_a_trim_lowers_the_budget() {
             // Distinct modification times, oldest first.
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        let tier = budgeted(&store, 3).await;
+        let tier = ObjectTier::new(store.clone(), "ns")
+            .unwrap()
+            .with_capacity(3 * BLOCK, Policy::Lru)
+            .await
+            .unwrap();
         let report = tier.scan_report().unwrap();
         assert_eq!((report.blocks, report.trimmed), (3, 2));
         for key in 0u64..5 {
@@ -157,7 +152,11 @@ fn a_restart_keeps_the_newest_blocks_and_a_trim_lowers_the_budget() {
 fn an_object_removed_or_damaged_behind_the_tiers_back_leaves_the_books() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     runtime().block_on(async {
-        let tier = budgeted(&store, 3).await;
+        let tier = ObjectTier::new(store.clone(), "ns")
+            .unwrap()
+            .with_capacity(3 * BLOCK, Policy::Lru)
+            .await
+            .unwrap();
         tier.store(&1u64, vec![1; 84]).await.unwrap();
         tier.store(&2u64, vec![2; 84]).await.unwrap();
         // Removed: a store writes it again (the books said resident).
@@ -291,7 +290,11 @@ impl ObjectStore for SlowPuts {
 fn a_store_whose_caller_stops_waiting_still_ends_with_the_books_equal_to_the_objects() {
     let store: Arc<dyn ObjectStore> = Arc::new(SlowPuts::default());
     runtime().block_on(async {
-        let tier = budgeted(&store, 3).await;
+        let tier = ObjectTier::new(store.clone(), "ns")
+            .unwrap()
+            .with_capacity(3 * BLOCK, Policy::Lru)
+            .await
+            .unwrap();
         for key in 0u64..3 {
             // The caller gives up while the put runs.
             let stopped = tokio::time::timeout(
