@@ -1799,12 +1799,15 @@ def target_dir(env):
     return os.path.join(SCRATCH, "target-" + env.get("RUSTFLAGS", "std").split()[-1])
 
 
-def check(command, env_extra, tree):
-    """Runs one check in the scratch tree: (verdict, detail)."""
+def check(command, env_extra, tree, shown=None):
+    """Runs one check in the scratch tree: (verdict, detail). With `shown`
+    (a list), the check's output is appended to it."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env["CARGO_TARGET_DIR"] = target_dir(env_extra or {})
     output, failed = run_bounded(command, tree, env, timeout=900)
+    if shown is not None:
+        shown.append(output)
     if "error[E" in output and "could not compile" in output:
         return "BROKEN", "the mutant does not compile; fix the mutation"
     if not failed:
@@ -1853,8 +1856,11 @@ def baseline(checks, tree):
     """Every check must pass on the unmutated tree, or a "caught" mutant
     would prove nothing."""
     for command, env in checks:
-        verdict, _ = check(list(command), dict(env), tree)
+        output = []
+        verdict, _ = check(list(command), dict(env), tree, output)
         if verdict != "SURVIVED":
+            # What failed, so that a flaky or broken check can be told apart.
+            print("\n".join(output[0].splitlines()[-60:]))
             sys.exit(f"baseline check fails without any mutation: {' '.join(command)}")
 
 

@@ -90,7 +90,8 @@ impl Tier {
 
     /// With the stores done: applies every answer, replays the log, and
     /// checks that each of `keys` the lookups answer is answered as its
-    /// file says; returns the lookups' table for further checks.
+    /// file says; then shuts the lookups down and checks the table and the
+    /// ledger.
     pub fn check_coherent(&self, mut lookup: ThreadLookup<u64, u64>, keys: &[u64]) {
         lookup.wait_idle().expect("the worker answers");
         self.settle(&mut lookup);

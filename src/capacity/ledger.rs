@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use super::changes::{ChangeLog, MAX_CHANGES};
+use super::changes::ChangeLog;
 use super::policy::{Order, Policy};
 use super::stats::CapacityStats;
 
@@ -176,9 +176,10 @@ pub struct CapacityLedger<K> {
     /// Resident blocks being evicted (part of resident bytes).
     evicting_bytes: u64,
     next_incarnation: u64,
-    stats: CapacityStats,
-    /// Which blocks came and went, while a consumer asked for it.
-    changes: Option<ChangeLog<K>>,
+    pub(super) stats: CapacityStats,
+    /// Which blocks came and went, while a consumer asked for it (see
+    /// `changes.rs`).
+    pub(super) changes: Option<ChangeLog<K>>,
 }
 
 impl<K: Clone + Eq + Hash> CapacityLedger<K> {
@@ -196,29 +197,6 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
                 ..CapacityStats::default()
             },
             changes: None,
-        }
-    }
-
-    /// Starts (or stops) logging which blocks become resident and which
-    /// leave, for a tier's lookups (see [`take_changes`](Self::take_changes)).
-    pub fn record_changes(&mut self, on: bool) {
-        self.changes = on.then(|| ChangeLog::new(MAX_CHANGES));
-    }
-
-    /// Moves the changes logged since the last call into `into`, oldest
-    /// first: `(key, true)` when a block's store committed, `(key, false)`
-    /// when its file was deleted or found missing or damaged. Empty unless
-    /// [`record_changes`](Self::record_changes) is on.
-    pub fn take_changes(&mut self, into: &mut Vec<(K, bool)>) {
-        if let Some(log) = &mut self.changes {
-            log.take_into(into);
-        }
-    }
-
-    fn note(&mut self, key: &K, present: bool) {
-        if let Some(log) = &mut self.changes {
-            log.push(key.clone(), present);
-            self.stats.changes_dropped = log.dropped();
         }
     }
 

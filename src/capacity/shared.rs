@@ -145,6 +145,22 @@ impl<K: Clone + Eq + Hash> SharedLedger<K> {
         }
     }
 
+    /// A ledger of `capacity` bytes seeded with the blocks a tier found
+    /// when it opened, newest first (see [`CapacityLedger::seed`]), and the
+    /// older blocks that did not fit: victims to delete (startup trims).
+    pub fn seeded(
+        capacity: u64,
+        policy: Policy,
+        newest_first: impl IntoIterator<Item = (K, u64)>,
+    ) -> (Self, Vec<Victim<K>>) {
+        let mut ledger = CapacityLedger::new(capacity, policy);
+        let victims = newest_first
+            .into_iter()
+            .filter_map(|(key, bytes)| ledger.seed(key, bytes))
+            .collect();
+        (Self::from_ledger(ledger), victims)
+    }
+
     /// The counters and gauges.
     pub fn stats(&self) -> CapacityStats {
         self.inner.lock().stats()

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::files::is_absent;
 use super::{ScanReport, TierError};
-use crate::capacity::{Admitted, CapacityLedger, CapacityStats, PinGuard, Policy, SharedLedger};
+use crate::capacity::{Admitted, CapacityStats, PinGuard, Policy, SharedLedger};
 use crate::capacity::{Rejection, WriteGuard};
 
 /// Which layout a directory's block files follow, for [`scan_directory`].
@@ -166,18 +166,10 @@ impl DirBudget {
         // Newest first: the ledger counts what fits and names the rest.
         // guard: E15-the-scan-keeps-the-newest-blocks
         found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
-        let mut ledger = CapacityLedger::new(capacity, policy);
-        let mut victims = Vec::new();
-        for (_, bytes, path) in found {
-            match ledger.seed(path, bytes) {
-                Some(victim) => victims.push(victim),
-                None => {
-                    report.blocks += 1;
-                    report.bytes += bytes;
-                }
-            }
-        }
-        let ledger = SharedLedger::from_ledger(ledger);
+        let found = found.into_iter().map(|(_, bytes, path)| (path, bytes));
+        let (ledger, victims) = SharedLedger::seeded(capacity, policy, found);
+        let seeded = ledger.stats();
+        (report.blocks, report.bytes) = (seeded.entries, seeded.resident_bytes);
         report.trimmed = ledger.delete_victims(victims, |path| remove(path)) as u64;
         report.elapsed = started.elapsed();
         if report.trimmed + report.swept > 0 {

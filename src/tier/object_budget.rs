@@ -18,8 +18,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::{ScanReport, TierError};
 use crate::capacity::{
-    ADMIT_ROUNDS, CapacityLedger, CapacityStats, PinGuard, Policy, Rejection, Reserved,
-    SharedLedger, Victims, WriteGuard,
+    ADMIT_ROUNDS, CapacityStats, PinGuard, Policy, Rejection, Reserved, SharedLedger, Victims,
+    WriteGuard,
 };
 
 /// The budget of one [`ObjectTier`](crate::ObjectTier) (shared by its
@@ -61,19 +61,14 @@ impl ObjectBudget {
         found.sort_unstable_by(|a, b| {
             (b.last_modified.cmp(&a.last_modified)).then_with(|| a.location.cmp(&b.location))
         });
-        let mut ledger = CapacityLedger::new(capacity, policy);
-        let mut report = ScanReport::default();
-        let mut victims = Vec::new();
-        for meta in found {
-            match ledger.seed(meta.location, meta.size) {
-                Some(victim) => victims.push(victim),
-                None => {
-                    report.blocks += 1;
-                    report.bytes += meta.size;
-                }
-            }
-        }
-        let ledger = SharedLedger::from_ledger(ledger);
+        let found = found.into_iter().map(|meta| (meta.location, meta.size));
+        let (ledger, victims) = SharedLedger::seeded(capacity, policy, found);
+        let seeded = ledger.stats();
+        let mut report = ScanReport {
+            blocks: seeded.entries,
+            bytes: seeded.resident_bytes,
+            ..ScanReport::default()
+        };
         report.trimmed = delete_all(store, ledger.victims(victims)).await as u64;
         report.elapsed = started.elapsed();
         Ok(Self { ledger, report })

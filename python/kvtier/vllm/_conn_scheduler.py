@@ -255,8 +255,9 @@ class SchedulerSide:
 
     def update_connector_output(self, output: "KVConnectorOutput") -> None:
         """The workers' reports of the step: failed loads become misses,
-        rank 0's stored and deleted blocks settle the lookups, and the requests every worker reported are freed — the same ones
-        vLLM's own aggregation frees (counted when they differ)."""
+        rank 0's stored and deleted blocks settle the lookups, and the
+        requests every worker reported are freed — the same ones vLLM's own
+        aggregation frees (counted when they differ)."""
         meta = output.kv_connector_worker_meta
         freed: set[str] = set()
         if isinstance(meta, StorageWorkerMetadata):
