@@ -1681,6 +1681,54 @@ MUTATIONS = [
         [("        self._transfers.record_changes(True)", "        self._transfers.record_changes(False)")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_the_tiers_lookups_learn_of_its_stores_and_evictions"),
     ),
+    Mutation(
+        "E30-a-known-block-is-not-adopted-again",
+        "a listed block the books already hold is adopted again: its bytes counted twice, the books no longer their sums",
+        [("            if !known && !left {", "            if !left {")],
+        MODELS + ["loom_shared_dir"],
+        LOOM,
+    ),
+    Mutation(
+        "E31-only-blocks-resident-before-the-listing-are-forgotten",
+        "a block committed while the listing ran, which the listing missed, is forgotten: on disk and counted by no one",
+        [("                let before = entry.since < listing.mark;", "                let before = true;")],
+        MODELS + ["loom_shared_dir"],
+        LOOM,
+    ),
+    Mutation(
+        "E32-a-reconcile-evicts-what-is-over-the-capacity",
+        "a reconcile counts the neighbours' blocks but evicts nothing: the shared directory stays over the budget",
+        [("        let victims = if over > pending {", "        let victims = if false {")],
+        MODELS + ["loom_shared_dir"],
+        LOOM,
+    ),
+    Mutation(
+        "E33-a-block-that-left-during-the-listing-is-not-adopted",
+        "a block evicted after the listing read it is adopted: counted, and announced to the lookups, while its file is gone",
+        [("            if !known && !left {", "            if !known {")],
+        MODELS + ["loom_shared_dir"],
+        LOOM,
+    ),
+    Mutation(
+        "N13-rescan-interval-reaches-the-tier",
+        "the tier takes rescan_interval and never passes it on: engines sharing a directory never learn of each other's blocks",
+        [("            rescan_interval=rescan_interval,\n        )\n        _check_layout",
+          "            rescan_interval=None,\n        )\n        _check_layout")],
+        in_vllm("own", "test_kvtier_in_vllm.py", "test_engines_sharing_a_directory"),
+    ),
+    Mutation(
+        "K14-rescan-interval-reaches-the-dumps",
+        "the connector reads rescan_interval and never passes it on: engines sharing a root never count each other's dumps",
+        [("            rescan_interval=self.settings.rescan_interval,", "            rescan_interval=None,")],
+        in_vllm("connector", "test_connector_in_vllm.py", "test_engines_sharing_a_root"),
+    ),
+    Mutation(
+        "E34-a-rescan-interval-starts-the-thread",
+        "rescan_interval is accepted and ignored: tiers sharing a namespace never learn of each other's blocks",
+        [("        let rescanner = match (&budget, options.rescan_interval) {",
+          "        let rescanner = match (&budget, None::<Duration>) {")],
+        TEST + ["-p", "kvtier", "--test", "fs_reconcile", "tiers_rescanning"],
+    ),
 ]
 
 

@@ -50,7 +50,7 @@ pub mod capacity;
 mod fault;
 mod invariant;
 pub mod lookup;
-#[cfg(tiers)]
+#[cfg(fs_tier)]
 pub mod offload;
 mod publish;
 pub mod save;

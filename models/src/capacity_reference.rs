@@ -16,10 +16,17 @@
 //! - resident (including evicting) plus reserved bytes never exceed the
 //!   capacity, unless the capacity was lowered and has not been met since;
 //! - tokens are released exactly once; every counter is as the operations
-//!   say.
+//!   say;
+//! - a reconcile with a listing adopts the listed blocks the books do not
+//!   hold, unless they left the books while the listing ran; forgets the
+//!   unlisted blocks that stayed resident throughout the listing (neither
+//!   committed, adopted nor gone since it began); and names victims like a
+//!   lowered capacity.
+
+use std::collections::BTreeSet;
 
 use kvtier::capacity::{
-    Admission, CapacityLedger, CapacityStats, Pin, Policy, Reservation, Victim,
+    Admission, CapacityLedger, CapacityStats, Listing, Pin, Policy, Reservation, Victim,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +111,28 @@ pub enum CapacityOp {
     Lose { key: u8 },
     /// Set the capacity.
     SetCapacity { capacity: u16 },
+    /// Begin a listing of the directory.
+    BeginListing,
+    /// Reconcile an open listing with the blocks in `listed` (a bit per
+    /// key; a block's bytes are [`listed_bytes`]).
+    Reconcile { pick: u8, listed: u16 },
+    /// Abandon an open listing.
+    AbandonListing { pick: u8 },
+}
+
+/// The bytes of block `key` as another process wrote it.
+pub fn listed_bytes(key: u8) -> u64 {
+    5 + u64::from(key) * 7 % 50
+}
+
+/// An open listing: what it must judge and what it must not adopt.
+struct OpenListing {
+    token: Listing,
+    /// Blocks resident (or being evicted) when it began and neither
+    /// committed, adopted nor gone since.
+    judged: BTreeSet<u8>,
+    /// Blocks that left the books since it began.
+    left: BTreeSet<u8>,
 }
 
 /// The real ledger and the specification, side by side.
@@ -114,6 +143,7 @@ pub struct CapacityLockstep {
     reservations: Vec<Reservation<u8>>,
     pins: Vec<Pin<u8>>,
     victims: Vec<Victim<u8>>,
+    listings: Vec<OpenListing>,
     /// The counters the specification expects.
     expected: CapacityStats,
 }
@@ -140,6 +170,7 @@ impl CapacityLockstep {
             reservations: Vec::new(),
             pins: Vec::new(),
             victims: Vec::new(),
+            listings: Vec::new(),
             expected: CapacityStats::default(),
         };
         this.expected.capacity_bytes = capacity;
@@ -198,6 +229,7 @@ impl CapacityLockstep {
                         lost: false,
                     };
                     self.spec.touch(i);
+                    self.arrived(*r.key());
                     self.expected.committed += 1;
                     self.real
                         .commit(r)
@@ -240,6 +272,7 @@ impl CapacityLockstep {
                     let i = self.spec.find(*victim.key()).expect("a victim is known");
                     assert_eq!(self.spec.blocks[i].state, SpecState::Evicting);
                     self.spec.blocks.remove(i);
+                    self.departed(*victim.key());
                     self.expected.evictions += 1;
                     self.expected.evicted_bytes += victim.bytes();
                     if victim.cause() == kvtier::capacity::Cause::Trim {
@@ -283,11 +316,126 @@ impl CapacityLockstep {
                     None => false,
                 };
                 self.expected.lost += u64::from(lost);
+                if lost {
+                    self.departed(key);
+                }
                 assert_eq!(self.real.lose(&key), lost, "lose {key}");
             }
             CapacityOp::SetCapacity { capacity } => self.set_capacity(u64::from(capacity)),
+            CapacityOp::BeginListing => {
+                let judged = self
+                    .spec
+                    .blocks
+                    .iter()
+                    .filter(|b| b.state != SpecState::Reserved)
+                    .map(|b| b.key)
+                    .collect();
+                let token = self.real.begin_listing();
+                self.listings.push(OpenListing {
+                    token,
+                    judged,
+                    left: BTreeSet::new(),
+                });
+            }
+            CapacityOp::Reconcile { pick: p, listed } => {
+                if let Some(listing) = pick(&mut self.listings, p) {
+                    self.reconcile(listing, listed);
+                }
+            }
+            CapacityOp::AbandonListing { pick: p } => {
+                if let Some(listing) = pick(&mut self.listings, p) {
+                    self.real.abandon(listing.token);
+                }
+            }
         }
         self.compare();
+    }
+
+    /// A block became resident (committed or adopted): no open listing
+    /// judges it.
+    fn arrived(&mut self, key: u8) {
+        for listing in &mut self.listings {
+            listing.judged.remove(&key);
+        }
+    }
+
+    /// A block left the books: no open listing judges or adopts it.
+    fn departed(&mut self, key: u8) {
+        for listing in &mut self.listings {
+            listing.judged.remove(&key);
+            listing.left.insert(key);
+        }
+    }
+
+    fn reconcile(&mut self, listing: OpenListing, listed: u16) {
+        let keys: Vec<u8> = (0..16).filter(|k| listed & (1 << k) != 0).collect();
+        let mut adopted = Vec::new();
+        for &key in &keys {
+            if self.spec.find(key).is_none() && !listing.left.contains(&key) {
+                self.spec.blocks.push(SpecBlock {
+                    key,
+                    bytes: listed_bytes(key),
+                    state: SpecState::Resident {
+                        pins: 0,
+                        lost: false,
+                    },
+                });
+                adopted.push(key);
+            }
+        }
+        let mut forgotten = Vec::new();
+        for block in &mut self.spec.blocks {
+            if let SpecState::Resident { pins, lost: false } = block.state
+                && listing.judged.contains(&block.key)
+                && !keys.contains(&block.key)
+            {
+                block.state = SpecState::Resident { pins, lost: true };
+                forgotten.push(block.key);
+            }
+        }
+        // Unpinned forgotten blocks leave now, pinned ones at their last unpin.
+        self.spec.blocks.retain(|b| {
+            b.state
+                != SpecState::Resident {
+                    pins: 0,
+                    lost: true,
+                }
+        });
+        let used = self.spec.resident() + self.spec.reserved();
+        let evicting = self.spec.sum(|b| b.state == SpecState::Evicting);
+        let evictable = self.spec.sum(CapacitySpec::evictable);
+        let values = keys.iter().map(|&k| (k, listed_bytes(k)));
+        let done = self.real.reconcile(listing.token, values);
+        for &key in &adopted {
+            self.arrived(key);
+        }
+        for &key in &forgotten {
+            self.departed(key);
+        }
+        assert_eq!(
+            (done.adopted, done.forgotten),
+            (adopted.len() as u64, forgotten.len() as u64),
+            "reconcile with {keys:?}"
+        );
+        let over = used.saturating_sub(self.spec.capacity);
+        // Over the capacity until the victims (and evictions under way)
+        // are done, as after a lowered capacity.
+        self.spec.lowered |= over > 0;
+        if over > evicting {
+            let needed = over - evicting;
+            self.check_chosen(needed, &done.victims, evictable >= needed);
+        } else {
+            assert!(
+                done.victims.is_empty(),
+                "victims {:?} with nothing over",
+                done.victims
+            );
+        }
+        self.expected.reconciles += 1;
+        self.expected.adopted += adopted.len() as u64;
+        self.expected.forgotten += forgotten.len() as u64;
+        self.expected.victims += done.victims.len() as u64;
+        self.victims.extend(done.victims);
     }
 
     fn reserve(&mut self, key: u8, bytes: u64) {

@@ -27,6 +27,9 @@
 //! - `coherence` (under the model checkers' cfgs): a budgeted tier's
 //!   lookups against its store threads (tests/loom_coherence.rs,
 //!   tests/shuttle_coherence.rs).
+//! - `shared_dir` (under the model checkers' cfgs): processes sharing one
+//!   directory, each with its own budget, reconciling with listings
+//!   (tests/loom_shared_dir.rs, tests/shuttle_shared_dir.rs).
 //! - [`checkers`]: how the loom and shuttle files run their models (bounds,
 //!   iterations, replay), compiled under the matching cfg.
 //! - `tests/loom_*.rs` (built with `RUSTFLAGS="--cfg kvtier_loom"`) and
@@ -49,3 +52,5 @@ pub mod save_lockstep;
 pub mod save_reference;
 pub mod save_scripted;
 pub mod scripted;
+#[cfg(any(kvtier_loom, kvtier_shuttle))]
+pub mod shared_dir;

@@ -1,7 +1,8 @@
 //! proptest: random operation sequences on the real capacity ledger (LRU
 //! and S3-FIFO) compared with the specification after every operation
 //! (`kvtier_models::capacity_reference`): admissions, victims, the budget,
-//! each token released once, every counter. A failure shrinks to a minimal
+//! each token released once, every counter, and reconciles with listings
+//! begun and ended among the other operations. A failure shrinks to a minimal
 //! sequence.
 //!
 //! Run: `cargo test -p kvtier-models --release --test proptest_capacity`;
@@ -24,6 +25,9 @@ fn op() -> impl Strategy<Value = CapacityOp> {
         1 => any::<u8>().prop_map(|pick| CapacityOp::EvictionFailed { pick }),
         1 => (0..KEYS).prop_map(|key| CapacityOp::Lose { key }),
         1 => (40..=260u16).prop_map(|capacity| CapacityOp::SetCapacity { capacity }),
+        1 => Just(CapacityOp::BeginListing),
+        1 => (any::<u8>(), 0..(1u16 << KEYS)).prop_map(|(pick, listed)| CapacityOp::Reconcile { pick, listed }),
+        1 => any::<u8>().prop_map(|pick| CapacityOp::AbandonListing { pick }),
     ]
 }
 

@@ -347,6 +347,29 @@ def test_a_byte_budget_bounds_the_dumped_files(root: str) -> None:
     cluster.shutdown()
 
 
+def test_engines_sharing_a_root_count_each_others_dumps(root: str) -> None:
+    # Two engines' connectors on one root, each with a budget of four
+    # blocks and a rescan every 20 ms: the blocks b dumps are counted by a's
+    # worker, which then holds b's four and nothing else.
+    probe = Cluster(connector_config(root + "-probe"))
+    page = probe.page
+    probe.shutdown()
+    shared = {"capacity_bytes": 4 * page, "rescan_interval": 0.02}
+    a = Cluster(connector_config(root, **shared))
+    b = Cluster(connector_config(root, **shared))
+    request = b.add(_request())
+    _prefill(b, request)
+    _settle(b)
+    assert b.check_files(b.keys_of(request, 6)) == {"present": 4, "absent": 2, "wrong": 0}
+    deadline = time.monotonic() + 10
+    while a.worker().stats()["capacity_adopted"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats = a.worker().stats()
+    assert (stats["capacity_adopted"], stats["capacity_resident_bytes"]) == (4, 4 * page), stats
+    a.shutdown()
+    b.shutdown()
+
+
 def test_a_blocking_save_returns_with_its_dumps_done(root: str) -> None:
     cluster = Cluster(connector_config(root, blocking_save=True))
     request = cluster.add(_request())
@@ -494,6 +517,7 @@ def test_a_wrapper_that_drops_request_finished_is_caught(root: str, multi: str, 
         ({"root_dir": "/x", "capacity_bytes": 0}, "capacity_bytes"),
         ({"root_dir": "/x", "capacity_bytes": "10G"}, "capacity_bytes"),
         ({"root_dir": "/x", "eviction_policy": "mru"}, "eviction_policy"),
+        ({"root_dir": "/x", "rescan_interval": -1}, "rescan_interval"),
         ({}, "needs 'root_dir'"),
     ],
 )

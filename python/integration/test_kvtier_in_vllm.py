@@ -230,6 +230,49 @@ def test_a_tier_shut_down_twice_raises_nothing(tmp_path, memory):
     assert [r.success for r in tier.get_finished_jobs()] in ([True], [False])
 
 
+def test_engines_sharing_a_directory_learn_of_each_others_blocks_and_stay_within_one_budget(tmp_path, memory):
+    # Two engines' tiers on one directory, each with a budget of two blocks
+    # and a rescan every 20 ms. Engine a looks up a block engine b then
+    # stores: a's rescan counts it and a's lookup turns to a hit. b's next
+    # stores evict it: a's rescan forgets it and the hit turns back to a
+    # miss. Once both are quiet the directory holds one budget.
+    shared = dict(capacity_bytes=2 * BLOCK_BYTES, rescan_interval=0.02)
+    a = kvtier_tier(tmp_path, memory, **shared)
+    b = kvtier_tier(tmp_path, memory, **shared)
+    try:
+        ctx = context("waiting")
+
+        def a_sees(verdict):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                finish(a)  # each step settles what the rescan found
+                if resolve(a, [key(5)], ctx) == [verdict]:
+                    return True
+                time.sleep(0.01)
+            return False
+
+        assert resolve(a, [key(5)], ctx) == [LookupResult.MISS]
+        b.submit_store(job(1, [key(5)], [0]))
+        assert [r.success for r in finish(b)] == [True]
+        assert a_sees(LookupResult.HIT), "a's rescan counts b's block"
+        for n in (6, 7):
+            b.submit_store(job(n, [key(n)], [n - 5]))
+            assert [r.success for r in finish(b)] == [True]
+        assert a_sees(LookupResult.MISS), "a's rescan forgets the block b evicted"
+        a.submit_store(job(8, [key(8)], [3]))
+        assert [r.success for r in finish(a)] == [True]
+        files = lambda: sorted(tmp_path.rglob("*.bin"))  # noqa: E731
+        deadline = time.monotonic() + 10
+        while len(files()) > 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(files()) <= 2, files()
+        stats = a.capacity_stats()
+        assert stats["adopted"] >= 1 and stats["forgotten"] >= 1, stats
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
 def test_vllms_fs_tier_and_kvtiers_read_each_others_files(tmp_path, memory):
     spec = offloading_spec(groups=((16, ("l0",)),))
     vllms = FileSystemTierManager(spec, memoryview(memory), "fs", str(tmp_path), 2, 2)

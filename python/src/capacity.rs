@@ -2,7 +2,7 @@
 //! errors, its counters and its startup scan as dicts.
 
 use kvtier::capacity::{CapacityStats, Policy};
-use kvtier::tier::ScanReport;
+use kvtier::tier::{ReconcileReport, ScanReport};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
@@ -56,6 +56,20 @@ pub(crate) fn scan_dict<'py>(py: Python<'py>, report: &ScanReport) -> PyResult<B
     dict.set_item("blocks", report.blocks)?;
     dict.set_item("bytes", report.bytes)?;
     dict.set_item("trimmed", report.trimmed)?;
+    dict.set_item("swept", report.swept)?;
+    dict.set_item("seconds", report.elapsed.as_secs_f64())?;
+    Ok(dict)
+}
+
+/// A reconcile's report as a dict.
+pub(crate) fn reconcile_dict<'py>(
+    py: Python<'py>,
+    report: &ReconcileReport,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("adopted", report.adopted)?;
+    dict.set_item("forgotten", report.forgotten)?;
+    dict.set_item("evicted", report.evicted)?;
     dict.set_item("swept", report.swept)?;
     dict.set_item("seconds", report.elapsed.as_secs_f64())?;
     Ok(dict)

@@ -10,7 +10,7 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::capacity::{capacity_of, policy_of, scan_dict, stats_dict};
+use crate::capacity::{capacity_of, policy_of, reconcile_dict, scan_dict, stats_dict};
 use crate::errors::{config, guard, seconds, tier_error};
 use crate::slot::{Owned, lend};
 
@@ -112,6 +112,7 @@ impl PyVllmTransfers {
     #[pyo3(signature = (
         rank_dir, primary, *, load_threads = 16, store_threads = 16,
         capacity_bytes = None, eviction_policy = "lru", stale_temp_age = 600.0,
+        rescan_interval = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -122,12 +123,21 @@ impl PyVllmTransfers {
         capacity_bytes: Option<&Bound<'_, PyAny>>,
         eviction_policy: &str,
         stale_temp_age: f64,
+        rescan_interval: Option<f64>,
     ) -> PyResult<Self> {
         guard(|| {
             // Settings first: a bad one starts no thread and scans nothing.
             let capacity = capacity_of(capacity_bytes)?;
             let policy = policy_of(eviction_policy)?;
             let stale = seconds("stale_temp_age", stale_temp_age)?;
+            let rescan = rescan_interval
+                .map(|interval| seconds("rescan_interval", interval))
+                .transpose()?;
+            if rescan.is_some() && capacity.is_none() {
+                return Err(config(
+                    "rescan_interval reconciles a byte budget: set capacity_bytes too",
+                ));
+            }
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let region = region_of(primary)?;
             let mut inner = VllmTransfers::new(layout, region, load_threads, store_threads)
@@ -136,6 +146,9 @@ impl PyVllmTransfers {
                 inner
                     .set_budget(capacity, policy, stale)
                     .map_err(tier_error)?;
+            }
+            if let Some(interval) = rescan {
+                inner.rescan_every(interval).map_err(tier_error)?;
             }
             Ok(Self {
                 inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
@@ -317,6 +330,19 @@ impl PyVllmTransfers {
                 .trim(capacity)
                 .map_err(tier_error)
         })
+    }
+
+    /// Lists the rank directory and reconciles the byte budget with it,
+    /// now (blocks other processes wrote counted, those they deleted
+    /// forgotten, the least valuable deleted until the files fit); returns
+    /// `adopted`, `forgotten`, `evicted`, `swept`, `seconds`. Runs without
+    /// the GIL.
+    fn reconcile<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let report = guard(|| {
+            let inner = self.inner.get_ref("reconcile")?;
+            py.detach(|| inner.reconcile()).map_err(tier_error)
+        })?;
+        reconcile_dict(py, &report)
     }
 
     /// Temporary files the sweeps removed so far.

@@ -33,6 +33,11 @@
 //! logs which blocks became resident and which left, in order, for a tier's
 //! lookups to [`settle`](crate::lookup::LookupTable::settle).
 //!
+//! Processes sharing one directory each keep a ledger; a tier that lists
+//! the directory from time to time [`reconcile`](CapacityLedger::reconcile)s
+//! its ledger with what it finds: blocks other processes wrote are counted,
+//! blocks they deleted forgotten, and what is over the capacity evicted.
+//!
 //! The counters ([`CapacityStats`]) are kept as the ledger changes, so
 //! reading them costs the same at any size.
 //!
@@ -56,9 +61,11 @@
 //! # Ok::<(), kvtier::capacity::LedgerError>(())
 //! ```
 
+mod audit;
 mod changes;
 mod ledger;
 mod policy;
+mod reconcile;
 mod shared;
 mod stats;
 
@@ -67,6 +74,7 @@ pub use ledger::{
     Admission, CapacityLedger, Cause, LedgerError, Pin, Rejection, Reservation, Victim,
 };
 pub use policy::Policy;
+pub use reconcile::{Listing, Reconciled};
 pub use shared::{ADMIT_ROUNDS, Admitted, PinGuard, Reserved, SharedLedger, Victims, WriteGuard};
 pub use stats::CapacityStats;
 

@@ -58,11 +58,18 @@ pub struct CapacityStats {
     /// Changes dropped from a full change log before a tier's lookups took
     /// them (see [`CapacityLedger::record_changes`](super::CapacityLedger::record_changes)).
     pub changes_dropped: u64,
+    /// Reconciles with a listing of the directory (see
+    /// [`CapacityLedger::reconcile`](super::CapacityLedger::reconcile)).
+    pub reconciles: u64,
+    /// Blocks counted by a reconcile: another process wrote them.
+    pub adopted: u64,
+    /// Blocks dropped by a reconcile: another process deleted them.
+    pub forgotten: u64,
 }
 
 impl CapacityStats {
     /// How many fields there are.
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 26;
 
     /// Every field with its name, in declaration order: for an exporter
     /// (a metrics registry, a Python dict) that should not list them again.
@@ -98,6 +105,9 @@ impl CapacityStats {
             ("pins", self.pins),
             ("pin_misses", self.pin_misses),
             ("changes_dropped", self.changes_dropped),
+            ("reconciles", self.reconciles),
+            ("adopted", self.adopted),
+            ("forgotten", self.forgotten),
         ]
     }
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::files::is_absent;
-use super::{ScanReport, TierError};
+use super::{ReconcileReport, ScanReport, TierError};
 use crate::capacity::{Admitted, CapacityStats, PinGuard, Policy, SharedLedger};
 use crate::capacity::{Rejection, WriteGuard};
 
@@ -124,8 +124,41 @@ impl DirBudget {
         stale_temp_age: Duration,
     ) -> Result<(Self, ScanReport), TierError> {
         let started = Instant::now();
-        let now = SystemTime::now();
         let mut report = ScanReport::default();
+        let mut found = Self::list(dir, naming, stale_temp_age, &mut report.swept)?;
+        // Newest first: the ledger counts what fits and names the rest.
+        // guard: E15-the-scan-keeps-the-newest-blocks
+        found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+        let found = found.into_iter().map(|(_, bytes, path)| (path, bytes));
+        let (ledger, victims) = SharedLedger::seeded(capacity, policy, found);
+        let seeded = ledger.stats();
+        (report.blocks, report.bytes) = (seeded.entries, seeded.resident_bytes);
+        report.trimmed = ledger.delete_victims(victims, |path| remove(path)) as u64;
+        report.elapsed = started.elapsed();
+        if report.trimmed + report.swept > 0 {
+            tracing::info!(
+                blocks = report.blocks,
+                trimmed = report.trimmed,
+                swept = report.swept,
+                dir = %dir.display(),
+                "startup scan trimmed the tier to its capacity"
+            );
+        }
+        Ok((Self { ledger }, report))
+    }
+
+    /// The block files below `dir` (modification time, bytes, path), read
+    /// entry by entry; temporary files older than `stale_temp_age` are
+    /// deleted on the way and counted in `swept`. Files that vanish or
+    /// cannot be read meanwhile are skipped; a directory that cannot be
+    /// listed is an error.
+    fn list(
+        dir: &Path,
+        naming: &Naming,
+        stale_temp_age: Duration,
+        swept: &mut u64,
+    ) -> Result<Vec<(SystemTime, u64, PathBuf)>, TierError> {
+        let now = SystemTime::now();
         let mut found: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
         let mut dirs = vec![(dir.to_path_buf(), 0)];
         while let Some((current, depth)) = dirs.pop() {
@@ -156,32 +189,61 @@ impl DirBudget {
                     let age = now.duration_since(modified).unwrap_or_default();
                     // guard: E14-only-stale-temporaries-are-swept-at-open
                     if age >= stale_temp_age && remove(&entry.path()) {
-                        report.swept += 1;
+                        *swept += 1;
                     }
                 } else if (naming.is_block)(name) {
                     found.push((modified, metadata.len(), entry.path()));
                 }
             }
         }
-        // Newest first: the ledger counts what fits and names the rest.
-        // guard: E15-the-scan-keeps-the-newest-blocks
-        found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
-        let found = found.into_iter().map(|(_, bytes, path)| (path, bytes));
-        let (ledger, victims) = SharedLedger::seeded(capacity, policy, found);
-        let seeded = ledger.stats();
-        (report.blocks, report.bytes) = (seeded.entries, seeded.resident_bytes);
-        report.trimmed = ledger.delete_victims(victims, |path| remove(path)) as u64;
+        Ok(found)
+    }
+
+    /// Lists `dir` and reconciles the books with it (see
+    /// [`CapacityLedger::reconcile`](crate::capacity::CapacityLedger::reconcile)):
+    /// the blocks other processes wrote are counted, those they deleted
+    /// forgotten, and the least valuable deleted until the books fit the
+    /// capacity; temporary files older than `stale_temp_age` are swept. The
+    /// ledger's lock is held while the listing is merged (linear in the
+    /// blocks), not while the directory is read.
+    pub(crate) fn reconcile(
+        &self,
+        dir: &Path,
+        naming: &Naming,
+        stale_temp_age: Duration,
+    ) -> Result<ReconcileReport, TierError> {
+        let started = Instant::now();
+        let mut report = ReconcileReport::default();
+        let listing = self.ledger.with(|ledger| ledger.begin_listing());
+        let found = match Self::list(dir, naming, stale_temp_age, &mut report.swept) {
+            Ok(found) => found,
+            Err(error) => {
+                self.ledger.with(|ledger| ledger.abandon(listing));
+                return Err(error);
+            }
+        };
+        let done = self.ledger.with(|ledger| {
+            ledger.reconcile(
+                listing,
+                found.into_iter().map(|(_, bytes, path)| (path, bytes)),
+            )
+        });
+        (report.adopted, report.forgotten) = (done.adopted, done.forgotten);
+        report.evicted = self
+            .ledger
+            .delete_victims(done.victims, |path| remove(path)) as u64;
         report.elapsed = started.elapsed();
-        if report.trimmed + report.swept > 0 {
-            tracing::info!(
-                blocks = report.blocks,
-                trimmed = report.trimmed,
+        if report.adopted + report.forgotten + report.evicted + report.swept > 0 {
+            tracing::debug!(
+                adopted = report.adopted,
+                forgotten = report.forgotten,
+                evicted = report.evicted,
                 swept = report.swept,
                 dir = %dir.display(),
-                "startup scan trimmed the tier to its capacity"
+                "reconciled the budget with the directory"
             );
         }
-        Ok((Self { ledger }, report))
+        Ok(report)
     }
 
     /// The counters and gauges.

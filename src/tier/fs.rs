@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::ScanReport;
 use super::TierError;
 use super::budget::{BlockLayout, DirBudget};
 #[cfg(tokio_driver)]
@@ -18,180 +17,15 @@ use super::files::{
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::pool::IoPool;
+use super::rescan::Rescanner;
 use super::save::{SaveTask, finish};
-use crate::capacity::{CapacityStats, Policy};
+use super::{ReconcileReport, ScanReport};
+use crate::capacity::CapacityStats;
 use crate::lookup::Backend;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// The most I/O threads a tier starts.
-use super::MAX_IO_THREADS;
-
-/// Settings of an [`FsTier`]. Start from `FsOptions::default()` and change
-/// what you need; [`FsTier::open_with`] checks them (as
-/// [`validate`](Self::validate) does):
-///
-/// ```
-/// use kvtier::tier::FsOptions;
-///
-/// let options = FsOptions::default().io_threads(4).sync_data(true);
-/// assert_eq!(options.get_io_threads(), 4);
-/// assert!(options.validate().is_ok());
-/// assert!(FsOptions::default().io_threads(0).validate().is_err());
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FsOptions {
-    io_threads: usize,
-    sync_data: bool,
-    max_block_bytes: u64,
-    follow_symlinks: bool,
-    capacity_bytes: Option<u64>,
-    policy: Policy,
-    stale_temp_age: Duration,
-}
-
-impl Default for FsOptions {
-    /// Two I/O threads, no data sync, blocks up to 256 MiB, symbolic links
-    /// below the root not followed, no byte budget (LRU when one is set),
-    /// temporary files older than 10 minutes swept when a budget's scan
-    /// runs.
-    fn default() -> Self {
-        Self {
-            io_threads: 2,
-            sync_data: false,
-            max_block_bytes: 256 << 20,
-            follow_symlinks: false,
-            capacity_bytes: None,
-            policy: Policy::Lru,
-            stale_temp_age: Duration::from_secs(600),
-        }
-    }
-}
-
-impl FsOptions {
-    /// Threads that run [`FsTier::save`]s (1 to 1024).
-    pub fn io_threads(mut self, threads: usize) -> Self {
-        self.io_threads = threads;
-        self
-    }
-
-    /// Whether a save flushes the block's data to stable storage before
-    /// publishing it. Off by default: the tier is a cache, a block lost in
-    /// a power cut is recomputed, and a block damaged by one is recognised
-    /// on load by its length and checksum.
-    pub fn sync_data(mut self, sync: bool) -> Self {
-        self.sync_data = sync;
-        self
-    }
-
-    /// The largest payload a block may have (1 byte to 1 TiB). A save of a
-    /// larger one is refused; a stored header promising more is refused on
-    /// load before anything is read or allocated for it.
-    pub fn max_block_bytes(mut self, bytes: u64) -> Self {
-        self.max_block_bytes = bytes;
-        self
-    }
-
-    /// Whether symbolic links below the root (in the namespace, the shard
-    /// directories, at a block's name) are followed. Off by default: a
-    /// lookup of a symlinked block is a miss, and loading or storing through
-    /// one is refused ([`TierError::NotABlock`]), so nothing below the root
-    /// can make the tier read or write outside it. The root itself may be a
-    /// link.
-    pub fn follow_symlinks(mut self, follow: bool) -> Self {
-        self.follow_symlinks = follow;
-        self
-    }
-
-    /// A byte budget for the namespace's block files (`None`: unbounded,
-    /// the default). With one, the tier opens by scanning the namespace
-    /// (the newest blocks that fit are counted, older ones deleted, stale
-    /// temporary files swept), a store first gets room (evicting blocks by
-    /// the [`policy`](Self::policy); a store that cannot is
-    /// [`TierError::NoRoom`], nothing lost), a load pins its block, and the
-    /// files' bytes stay at or under the budget (see
-    /// [`FsTier::capacity_stats`]).
-    ///
-    /// ```
-    /// use kvtier::FsTier;
-    /// use kvtier::tier::FsOptions;
-    ///
-    /// let root = tempfile::tempdir()?;
-    /// // Room for two 16-byte payloads (each file adds a 16-byte header).
-    /// let tier = FsTier::open_with(root.path(), "ns", FsOptions::default().capacity_bytes(Some(64)))?;
-    /// for key in 0u64..3 {
-    ///     tier.store(&key, &[7; 16])?;
-    /// }
-    /// assert!(!tier.contains(&0u64)?, "the least recently used block made room");
-    /// let stats = tier.capacity_stats().expect("a budget");
-    /// assert_eq!((stats.resident_bytes, stats.evictions), (64, 1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn capacity_bytes(mut self, capacity: Option<u64>) -> Self {
-        self.capacity_bytes = capacity;
-        self
-    }
-
-    /// Which blocks a full budget evicts first (LRU by default).
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// How old a temporary file must be for the budget's startup scan to
-    /// delete it as a dead writer's (10 minutes by default; longer than
-    /// the slowest store on the mount, since a younger file may be a live
-    /// writer's in another process).
-    pub fn stale_temp_age(mut self, age: Duration) -> Self {
-        self.stale_temp_age = age;
-        self
-    }
-
-    /// The configured byte budget.
-    pub fn get_capacity_bytes(&self) -> Option<u64> {
-        self.capacity_bytes
-    }
-
-    /// The configured I/O threads.
-    pub fn get_io_threads(&self) -> usize {
-        self.io_threads
-    }
-
-    /// Whether saves sync their data.
-    pub fn get_sync_data(&self) -> bool {
-        self.sync_data
-    }
-
-    /// The configured largest payload.
-    pub fn get_max_block_bytes(&self) -> u64 {
-        self.max_block_bytes
-    }
-
-    /// Whether symbolic links below the root are followed.
-    pub fn get_follow_symlinks(&self) -> bool {
-        self.follow_symlinks
-    }
-
-    /// Checks every setting; the error says which is out of range and why.
-    pub fn validate(&self) -> Result<(), TierError> {
-        if !(1..=MAX_IO_THREADS).contains(&self.io_threads) {
-            return Err(TierError::Config(format!(
-                "io_threads is {}; it must be 1 to {MAX_IO_THREADS}",
-                self.io_threads
-            )));
-        }
-        if !(1..=MAX_BLOCK_LIMIT).contains(&self.max_block_bytes) {
-            return Err(TierError::Config(format!(
-                "max_block_bytes is {}; it must be 1 to {MAX_BLOCK_LIMIT}",
-                self.max_block_bytes
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The largest `max_block_bytes`.
-const MAX_BLOCK_LIMIT: u64 = 1 << 40;
+pub use super::fs_options::FsOptions;
 
 /// What a temporary name adds to a block's name: `.<16 hex digits>.tmp`.
 const TEMP_SUFFIX: usize = 1 + 16 + 4;
@@ -204,6 +38,11 @@ pub(crate) const MAX_NAME: usize = 255 - TEMP_SUFFIX;
 struct Inner {
     budget: Option<DirBudget>,
     scan: Option<ScanReport>,
+    /// Stale age of temporary files, for reconciles.
+    stale_temp_age: Duration,
+    /// The thread reconciling the budget, with `rescan_interval` (stopped
+    /// when the last clone of the tier is dropped).
+    _rescanner: Option<Rescanner>,
     root: PathBuf,
     namespace: String,
     dir: PathBuf,
@@ -312,10 +151,26 @@ impl FsTier {
         };
         let pool = IoPool::start(options.io_threads, "kvtier-fs-io")
             .map_err(|source| TierError::io("start I/O threads for", &dir, source))?;
+        // guard: E34-a-rescan-interval-starts-the-thread
+        let rescanner = match (&budget, options.rescan_interval) {
+            (Some(budget), Some(interval)) => Some(
+                Rescanner::start(
+                    budget.clone(),
+                    dir.clone(),
+                    BlockLayout::Kvtier,
+                    options.stale_temp_age,
+                    interval,
+                )
+                .map_err(|source| TierError::io("start the rescan thread for", &dir, source))?,
+            ),
+            _ => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 budget,
                 scan,
+                stale_temp_age: options.stale_temp_age,
+                _rescanner: rescanner,
                 root,
                 namespace: namespace.to_owned(),
                 dir,
@@ -442,6 +297,47 @@ impl FsTier {
             Some(budget) => Ok(budget.trim(capacity)),
             None => Err(TierError::Config(
                 "the tier has no byte budget to trim to (FsOptions::capacity_bytes)".into(),
+            )),
+        }
+    }
+
+    /// Lists the namespace and reconciles the byte budget with it, now, on
+    /// this thread: blocks that other processes sharing the namespace wrote
+    /// are counted, blocks they deleted are forgotten, and the least
+    /// valuable are deleted until the books fit the capacity (temporary
+    /// files of dead writers are swept too). What
+    /// [`FsOptions::rescan_interval`] runs on a thread. An error without a
+    /// budget, or when the namespace cannot be listed.
+    ///
+    /// ```
+    /// use kvtier::FsTier;
+    /// use kvtier::tier::FsOptions;
+    ///
+    /// let root = tempfile::tempdir()?;
+    /// let budget = || FsOptions::default().capacity_bytes(Some(300));
+    /// let (a, b) = (
+    ///     FsTier::open_with(root.path(), "ns", budget())?,
+    ///     FsTier::open_with(root.path(), "ns", budget())?,
+    /// );
+    /// for key in 0u64..3 {
+    ///     a.store(&key, &[0; 84])?; // 100 bytes with the header
+    ///     b.store(&(key + 10), &[0; 84])?;
+    /// }
+    /// // Each counts its own 300 bytes: 600 in the namespace.
+    /// let report = a.reconcile()?;
+    /// assert_eq!((report.adopted, report.evicted), (3, 3));
+    /// assert_eq!(a.capacity_stats().unwrap().resident_bytes, 300);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconcile(&self) -> Result<ReconcileReport, TierError> {
+        match &self.inner.budget {
+            Some(budget) => budget.reconcile(
+                &self.inner.dir,
+                &BlockLayout::Kvtier.naming(),
+                self.inner.stale_temp_age,
+            ),
+            None => Err(TierError::Config(
+                "the tier has no byte budget to reconcile (FsOptions::capacity_bytes)".into(),
             )),
         }
     }

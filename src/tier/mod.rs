@@ -19,6 +19,8 @@ mod files;
 pub(crate) mod format;
 #[cfg(fs_tier)]
 mod fs;
+#[cfg(fs_tier)]
+mod fs_options;
 mod key;
 #[cfg(object_tier)]
 mod object;
@@ -26,6 +28,8 @@ mod object;
 mod object_budget;
 #[cfg(fs_tier)]
 pub(crate) mod pool;
+#[cfg(fs_tier)]
+mod rescan;
 
 /// What a budgeted tier's startup scan found and did (a directory's, or an
 /// object tier's prefix).
@@ -45,6 +49,27 @@ pub struct ScanReport {
     pub elapsed: std::time::Duration,
 }
 
+/// What one reconcile of a tier's budget with its directory did (see
+/// [`FsTier::reconcile`]): the books brought in line with the blocks other
+/// processes wrote and deleted.
+#[cfg(fs_tier)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReconcileReport {
+    /// Blocks found that the budget did not count: another process wrote
+    /// them.
+    pub adopted: u64,
+    /// Blocks the budget counted that were gone: another process deleted
+    /// them.
+    pub forgotten: u64,
+    /// Blocks deleted to bring the books back within the capacity.
+    pub evicted: u64,
+    /// Temporary files of dead writers deleted.
+    pub swept: u64,
+    /// How long it took.
+    pub elapsed: std::time::Duration,
+}
+
 /// The most I/O threads one tier or transfer pool starts: a thread count
 /// is a caller's number, and each thread reserves a stack.
 pub const MAX_IO_THREADS: usize = 1024;
@@ -52,6 +77,7 @@ pub const MAX_IO_THREADS: usize = 1024;
 /// Equality and hashing by the `id` field alone: a transfer job as a
 /// [`SaveTracker`](crate::SaveTracker) holds it (its other fields describe
 /// it, they do not name it).
+#[cfg(fs_tier)]
 macro_rules! identified_by_id {
     ($job:ty) => {
         impl PartialEq for $job {
@@ -69,6 +95,7 @@ macro_rules! identified_by_id {
         }
     };
 }
+#[cfg(fs_tier)]
 pub(crate) use identified_by_id;
 #[cfg(object_tier)]
 mod s3;
@@ -86,6 +113,8 @@ pub use fs::{FsOptions, FsSaveTask, FsTier};
 pub use key::{BlockKey, check_namespace};
 #[cfg(object_tier)]
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
+#[cfg(fs_tier)]
+pub use rescan::{MAX_RESCAN_INTERVAL, MIN_RESCAN_INTERVAL};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 pub use save::SaveTask;

@@ -178,6 +178,27 @@ impl ObjectTier {
         Ok(self)
     }
 
+    /// What the tier's namespace holds now: its block objects and their
+    /// bytes, read with one listing (paged by the store) and nothing
+    /// deleted. With or without a budget; it includes what other processes
+    /// wrote, which a budget's books do not.
+    ///
+    /// ```
+    /// use kvtier::ObjectTier;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let tier = ObjectTier::memory("ns")?;
+    /// tier.store(&7u64, vec![0; 84]).await?;
+    /// let usage = tier.usage().await?;
+    /// assert_eq!((usage.blocks, usage.bytes, usage.trimmed), (1, 100, 0));
+    /// # Ok::<(), kvtier::TierError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn usage(&self) -> Result<ScanReport, TierError> {
+        let prefix = ObjectPath::from(self.namespace.as_str());
+        super::object_budget::usage(&*self.store, &prefix).await
+    }
+
     /// The byte budget's counters and gauges (`None` without one).
     pub fn capacity_stats(&self) -> Option<CapacityStats> {
         self.budget.as_ref().map(|budget| budget.stats())

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::{ScanReport, TierError};
 use crate::capacity::{
@@ -48,14 +48,7 @@ impl ObjectBudget {
         policy: Policy,
     ) -> Result<Self, TierError> {
         let started = Instant::now();
-        let mut found = Vec::new();
-        let mut listing = store.list(Some(prefix));
-        while let Some(meta) = listing.next().await {
-            let meta = meta.map_err(|error| super::object::store_error("list", prefix, error))?;
-            if meta.location.as_ref().ends_with(".bin") {
-                found.push(meta);
-            }
-        }
+        let mut found = list_blocks(store, prefix).await?;
         // Newest first: the ledger counts what fits and names the rest.
         // guard: E25-the-object-scan-keeps-the-newest-blocks
         found.sort_unstable_by(|a, b| {
@@ -132,6 +125,37 @@ impl ObjectBudget {
         let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
         delete_all(store, self.ledger.victims(victims)).await
     }
+}
+
+/// The block objects below `prefix` (one listing, paged by the store).
+async fn list_blocks(
+    store: &dyn ObjectStore,
+    prefix: &ObjectPath,
+) -> Result<Vec<ObjectMeta>, TierError> {
+    let mut found = Vec::new();
+    let mut listing = store.list(Some(prefix));
+    while let Some(meta) = listing.next().await {
+        let meta = meta.map_err(|error| super::object::store_error("list", prefix, error))?;
+        if meta.location.as_ref().ends_with(".bin") {
+            found.push(meta);
+        }
+    }
+    Ok(found)
+}
+
+/// What `prefix` holds, read with one listing and nothing deleted.
+pub(crate) async fn usage(
+    store: &dyn ObjectStore,
+    prefix: &ObjectPath,
+) -> Result<ScanReport, TierError> {
+    let started = Instant::now();
+    let found = list_blocks(store, prefix).await?;
+    Ok(ScanReport {
+        blocks: found.len() as u64,
+        bytes: found.iter().map(|meta| meta.size).sum(),
+        elapsed: started.elapsed(),
+        ..ScanReport::default()
+    })
 }
 
 /// Deletes every victim (a missing object counts as deleted) and reports

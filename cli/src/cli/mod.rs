@@ -12,6 +12,7 @@ macro_rules! say {
 mod demo;
 mod probe;
 mod report;
+mod s3;
 mod save_worker;
 mod saves;
 mod temp;
@@ -36,6 +37,7 @@ use clap::{Parser, Subcommand};
   kvtier saves --kill 1@40                      # ... with worker 1 killed -9 at step 40
   kvtier trim --fs /mnt/kv --capacity 50G       # newest blocks kept within 50 GiB, oldest deleted
   kvtier trim --fs /mnt/kv/<model>/..._r0 --layout vllm --capacity 50G   # vLLM's layout
+  kvtier trim --s3 's3://kv-cache/llama?endpoint=http://127.0.0.1:9000' --capacity 50G
 
 Exit codes: 0 success, 1 failure during the run, 2 bad input, 3 storage unreachable."
 )]
@@ -55,17 +57,17 @@ enum Command {
     /// when done, cleanup and key reuse. Prints a step timeline and a summary.
     Demo(demo::DemoArgs),
     /// Measure existence-lookup latency and throughput through kvtier's
-    /// tokio driver against your storage (read-only except for creating the
-    /// namespace directory on --fs).
+    /// tokio driver against your storage, and its usage (read-only except
+    /// for creating the namespace directory on --fs).
     Probe(probe::ProbeArgs),
     /// Deferred saves across processes: this process schedules, worker
     /// processes save on a real fs tier; steps and reports travel encoded
     /// over pipes, and every free is checked against the files on disk.
     /// Faults on demand (--kill, --drop-step, --repeat-step).
     Saves(saves::SavesArgs),
-    /// Bring a tier's block files under a byte budget: the newest kept,
-    /// the oldest deleted, dead writers' temporary files swept (without
-    /// --capacity: print the usage only).
+    /// Bring a tier's blocks (files on --fs, objects on --s3) under a byte
+    /// budget: the newest kept, the oldest deleted, dead writers' temporary
+    /// files swept (without --capacity: print the usage only).
     Trim(trim::TrimArgs),
     /// One worker of `kvtier saves` (started by it): steps on stdin,
     /// reports on stdout.

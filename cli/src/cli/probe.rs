@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvtier::{
     FsTier, ObjectTier, TierError, lookup::AsyncBackend, lookup::GroupOutcome, lookup::TokioConfig,
-    lookup::TokioLookup, tier::FsOptions, tier::S3Options,
+    lookup::TokioLookup, tier::FsOptions,
 };
 
 use kvtier::capacity::Policy;
@@ -16,6 +16,7 @@ use kvtier::tier::{BlockLayout, scan_directory};
 
 use super::Failure;
 use super::report::{ms, ms_or_dash, quantile};
+use super::s3;
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("tier").required(true).args(["fs", "s3"])))]
@@ -110,31 +111,15 @@ fn open(args: &ProbeArgs) -> Result<(Tier, String), Failure> {
         return Ok((Tier::Fs(tier), label));
     }
     let url = args.s3.as_deref().expect("clap requires --fs or --s3");
-    let (options, namespace) =
-        S3Options::from_url(url).map_err(|error| Failure::input(error.to_string()))?;
-    let tier =
-        ObjectTier::s3(&options, &namespace).map_err(|error| Failure::input(error.to_string()))?;
+    let (tier, namespace) = s3::connect(url)?;
     // Reach the endpoint once before measuring, so an unreachable one is an
     // error, not ten thousand misses.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| Failure::run(error.to_string()))?;
-    let limit = Duration::from_millis(args.timeout);
-    let reached =
-        runtime.block_on(async { tokio::time::timeout(limit, tier.check_reachable()).await });
-    match reached {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => {
-            return Err(Failure::unreachable(format!("cannot reach {url}: {error}")));
-        }
-        Err(_) => {
-            return Err(Failure::unreachable(format!(
-                "cannot reach {url}: no answer within {} ms",
-                args.timeout
-            )));
-        }
-    }
+    s3::reach(
+        &s3::runtime()?,
+        &tier,
+        url,
+        Duration::from_millis(args.timeout),
+    )?;
     let label = format!("s3 {url} (namespace {namespace})");
     Ok((Tier::S3(tier), label))
 }
@@ -208,16 +193,15 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     let stats = lookup.stats();
     lookup.shutdown().map_err(|error| failed(error.into()))?;
-    // The fs tier's usage: its block files and their bytes (read only).
+    // The tier's usage: its blocks and their bytes (read only).
     let usage = match &tier {
         Tier::Fs(fs) => {
             let dir = fs.root().join(fs.namespace());
-            let report = scan_directory(&dir, BlockLayout::Kvtier, None, Policy::Lru, None)
-                .map_err(|error| Failure::run(error.to_string()))?;
-            Some(report)
+            scan_directory(&dir, BlockLayout::Kvtier, None, Policy::Lru, None)
         }
-        Tier::S3(_) => None,
-    };
+        Tier::S3(object) => s3::runtime()?.block_on(object.usage()),
+    }
+    .map_err(|error| Failure::run(format!("the tier's usage: {error}")))?;
     // Keys, not groups; a failed head fails its whole group on either tier.
     let errors = failed_keys;
     let p50 = quantile(&mut latencies, 0.50);
@@ -244,11 +228,11 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 "p99": p99.map(ms),
                 "max": max.map(ms),
             },
-            "usage": usage.as_ref().map(|u| serde_json::json!({
-                "blocks": u.blocks,
-                "bytes": u.bytes,
-                "scan_s": u.elapsed.as_secs_f64(),
-            })),
+            "usage": {
+                "blocks": usage.blocks,
+                "bytes": usage.bytes,
+                "scan_s": usage.elapsed.as_secs_f64(),
+            },
         });
         say!("{report}");
     } else {
@@ -273,14 +257,12 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             "  throughput    {keys_per_s:.0} keys/s ({:.3} s for all keys)",
             elapsed.as_secs_f64()
         );
-        if let Some(usage) = &usage {
-            say!(
-                "  usage         {} blocks, {} bytes (scanned in {:.3} s; `kvtier trim` bounds it)",
-                usage.blocks,
-                usage.bytes,
-                usage.elapsed.as_secs_f64()
-            );
-        }
+        say!(
+            "  usage         {} blocks, {} bytes (scanned in {:.3} s; `kvtier trim` bounds it)",
+            usage.blocks,
+            usage.bytes,
+            usage.elapsed.as_secs_f64()
+        );
     }
     outcome(args.keys, errors, stats.timeouts, timed_out_keys)
 }

@@ -1,29 +1,43 @@
-//! `kvtier trim`: brings a tier's block files under a byte budget (the
-//! newest kept, the oldest deleted) and sweeps dead writers' temporary
-//! files, as a tier with that budget does when it opens.
+//! `kvtier trim`: brings a tier's blocks under a byte budget (the newest
+//! kept, the oldest deleted) and sweeps dead writers' temporary files, as a
+//! tier with that budget does when it opens: block files in a directory
+//! (`--fs`) or block objects below a bucket prefix (`--s3`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
 use kvtier::capacity::Policy;
 use kvtier::tier::{BlockLayout, ScanReport, check_namespace, scan_directory};
 
-use super::Failure;
+use super::{Failure, s3};
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("tier").required(true).args(["fs", "s3"])))]
 pub(crate) struct TrimArgs {
     /// The tier's directory: for --layout kvtier the root (the namespace
     /// below it is trimmed), for --layout vllm a rank directory
     /// (`<root>/<model dirs>/..._r<rank>`).
     #[arg(long, value_name = "DIR")]
-    fs: PathBuf,
+    fs: Option<PathBuf>,
+    /// An object tier (ObjectTier) in an S3 or S3-compatible bucket:
+    /// s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]; credentials from
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY. Its namespace's `.bin`
+    /// objects are counted, and with --capacity the oldest (by last
+    /// modified) deleted.
+    #[arg(long, value_name = "URL")]
+    s3: Option<String>,
     /// The namespace below DIR (kvtier's layout only).
-    #[arg(long, default_value = "kvtier", value_name = "NAME")]
+    #[arg(
+        long,
+        default_value = "kvtier",
+        value_name = "NAME",
+        conflicts_with = "s3"
+    )]
     namespace: String,
     /// Whose file layout DIR holds: `kvtier` (FsTier) or `vllm` (vLLM's fs
     /// tier, kvtier.vllm.FsTier, kvtier's connector).
-    #[arg(long, default_value = "kvtier", value_parser = ["kvtier", "vllm"])]
+    #[arg(long, default_value = "kvtier", value_parser = ["kvtier", "vllm"], conflicts_with = "s3")]
     layout: String,
     /// The budget: bytes, or with a unit (K, M, G, T: powers of 1024),
     /// e.g. 50G. Without it nothing is deleted: the usage is printed.
@@ -31,9 +45,14 @@ pub(crate) struct TrimArgs {
     capacity: Option<u64>,
     /// Temporary files older than this many seconds are deleted (a live
     /// writer's is younger: keep it above your slowest store).
-    #[arg(long, default_value_t = 600, value_name = "SECONDS",
+    #[arg(long, default_value_t = 600, value_name = "SECONDS", conflicts_with = "s3",
           value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
     stale_temp_age: u64,
+    /// How long to wait for the S3 endpoint's first answer, in
+    /// milliseconds (each later request has the client's own timeout).
+    #[arg(long, default_value_t = 10_000, value_name = "MS", conflicts_with = "fs",
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    timeout: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -77,18 +96,26 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn run(args: &TrimArgs) -> Result<(), Failure> {
-    if !args.fs.is_dir() {
+    match (&args.fs, &args.s3) {
+        (Some(dir), _) => run_fs(args, dir),
+        (None, Some(url)) => run_s3(args, url),
+        (None, None) => Err(Failure::input("give --fs DIR or --s3 URL")),
+    }
+}
+
+fn run_fs(args: &TrimArgs, root: &Path) -> Result<(), Failure> {
+    if !root.is_dir() {
         return Err(Failure::input(format!(
             "--fs {}: no such directory",
-            args.fs.display()
+            root.display()
         )));
     }
     let (dir, layout) = match args.layout.as_str() {
-        "vllm" => (args.fs.clone(), BlockLayout::Vllm),
+        "vllm" => (root.to_owned(), BlockLayout::Vllm),
         _ => {
             check_namespace(&args.namespace)
                 .map_err(|why| Failure::input(format!("--namespace: {why}")))?;
-            (args.fs.join(&args.namespace), BlockLayout::Kvtier)
+            (root.join(&args.namespace), BlockLayout::Kvtier)
         }
     };
     // Without a budget nothing is deleted, temporary files included.
@@ -97,14 +124,42 @@ pub(crate) fn run(args: &TrimArgs) -> Result<(), Failure> {
         .map(|_| Duration::from_secs(args.stale_temp_age));
     let report = scan_directory(&dir, layout, args.capacity, Policy::Lru, stale)
         .map_err(|error| Failure::run(error.to_string()))?;
-    print(args, &dir, &report)
+    let place = serde_json::json!({"dir": dir.display().to_string(), "layout": args.layout});
+    let label = format!("{} ({} layout)", dir.display(), args.layout);
+    print(args, place, &label, &report)
 }
 
-fn print(args: &TrimArgs, dir: &std::path::Path, report: &ScanReport) -> Result<(), Failure> {
+/// The object tier's namespace listed once; with a budget, the newest
+/// objects that fit kept and the rest deleted, as `ObjectTier::with_capacity`
+/// does when a tier opens.
+fn run_s3(args: &TrimArgs, url: &str) -> Result<(), Failure> {
+    let (tier, namespace) = s3::connect(url)?;
+    let runtime = s3::runtime()?;
+    s3::reach(&runtime, &tier, url, Duration::from_millis(args.timeout))?;
+    let report = runtime
+        .block_on(async {
+            match args.capacity {
+                Some(capacity) => tier
+                    .with_capacity(capacity, Policy::Lru)
+                    .await
+                    .map(|tier| tier.scan_report().unwrap_or_default()),
+                None => tier.usage().await,
+            }
+        })
+        .map_err(|error| Failure::run(error.to_string()))?;
+    let place = serde_json::json!({"s3": url, "namespace": namespace});
+    let label = format!("s3 {url} (namespace {namespace})");
+    print(args, place, &label, &report)
+}
+
+fn print(
+    args: &TrimArgs,
+    place: serde_json::Value,
+    label: &str,
+    report: &ScanReport,
+) -> Result<(), Failure> {
     if args.json {
-        let json = serde_json::json!({
-            "dir": dir.display().to_string(),
-            "layout": args.layout,
+        let mut json = serde_json::json!({
             "capacity_bytes": args.capacity,
             "blocks": report.blocks,
             "bytes": report.bytes,
@@ -112,6 +167,9 @@ fn print(args: &TrimArgs, dir: &std::path::Path, report: &ScanReport) -> Result<
             "swept": report.swept,
             "seconds": report.elapsed.as_secs_f64(),
         });
+        if let (Some(json), Some(place)) = (json.as_object_mut(), place.as_object()) {
+            json.extend(place.clone());
+        }
         say!("{json}");
     } else {
         let budget = args
@@ -119,16 +177,20 @@ fn print(args: &TrimArgs, dir: &std::path::Path, report: &ScanReport) -> Result<
             .map_or("no budget (usage only)".to_owned(), |c| {
                 format!("budget {c} bytes")
             });
-        say!("trim {} ({} layout), {budget}", dir.display(), args.layout);
+        say!("trim {label}, {budget}");
         say!(
             "  kept          {} blocks, {} bytes",
             report.blocks,
             report.bytes
         );
+        let swept = if args.s3.is_some() {
+            String::new() // an object store has no temporary files
+        } else {
+            format!(", {} stale temporary files", report.swept)
+        };
         say!(
-            "  deleted       {} oldest blocks, {} stale temporary files, in {:.3} s",
+            "  deleted       {} oldest blocks{swept}, in {:.3} s",
             report.trimmed,
-            report.swept,
             report.elapsed.as_secs_f64()
         );
     }

@@ -81,6 +81,7 @@ _KNOWN = {
     "blocking_save",
     "capacity_bytes",
     "eviction_policy",
+    "rescan_interval",
 }
 
 
@@ -102,6 +103,7 @@ class ConnectorSettings:
     world_size: int
     capacity_bytes: Optional[int] = None
     eviction_policy: str = "lru"
+    rescan_interval: Optional[float] = None
     run_config: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
@@ -164,6 +166,7 @@ class ConnectorSettings:
             world_size=world,
             capacity_bytes=_capacity(extra),
             eviction_policy=_policy(extra),
+            rescan_interval=_seconds(extra, "rescan_interval", None, True),
             run_config=mapper.get_run_config(),
         )
 

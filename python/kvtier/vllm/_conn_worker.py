@@ -47,6 +47,7 @@ class WorkerSide:
     def attach(self, tensors: list[tuple["torch.Tensor", int]], groups: list[list[tuple[int, int]]]) -> None:
         """Takes the KV cache (``register_kv_caches``)."""
         # guard: K11-the-connectors-budget-reaches-its-transfers
+        # guard: K14-rescan-interval-reaches-the-dumps
         self.engine = DumpEngine(
             self.settings.rank_dir(self.rank),
             tensors,
@@ -57,6 +58,7 @@ class WorkerSide:
             stale_temp_age=self.settings.stale_temp_age,
             capacity_bytes=self.settings.capacity_bytes,
             eviction_policy=self.settings.eviction_policy,
+            rescan_interval=self.settings.rescan_interval,
             # The scheduler's lookups probe rank 0's directory: its changes
             # settle them (see worker_meta).
             # guard: K12-rank-0-records-its-changes

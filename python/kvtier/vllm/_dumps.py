@@ -107,6 +107,7 @@ class DumpEngine:
         stale_temp_age: Optional[float] = None,
         capacity_bytes: Optional[int] = None,
         eviction_policy: str = "lru",
+        rescan_interval: Optional[float] = None,
         record_changes: bool = False,
     ) -> None:
         if len(groups) != 1:
@@ -135,6 +136,7 @@ class DumpEngine:
             capacity_bytes=capacity_bytes,
             eviction_policy=eviction_policy,
             stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
+            rescan_interval=rescan_interval,
         )
         if capacity_bytes is None and stale_temp_age is not None:
             self._transfers.sweep_stale_temps(stale_temp_age)

@@ -62,7 +62,10 @@ makes ``wait_for_save`` wait for its dumps, vLLM's synchronous reference),
 ``capacity_bytes`` (``None``: unbounded; otherwise the byte budget of each
 rank's directory, as ``kvtier.vllm.FsTier`` keeps it: a scan at start,
 room made by eviction before each dump, a dump without room a failed dump,
-nothing lost) and ``eviction_policy`` (``"lru"`` or ``"s3fifo"``).
+nothing lost), ``eviction_policy`` (``"lru"`` or ``"s3fifo"``) and
+``rescan_interval`` (``None``: never; otherwise seconds between reconciles
+of each rank's budget with its directory, for engines sharing it, as
+``kvtier.vllm.FsTier`` does).
 
 Models with one KV-cache group, block hashes of one block each. Needs
 vLLM (0.32).

@@ -150,6 +150,13 @@ class FsTier(SecondaryTierManager):
     makes it a hit, whatever the probe answers later), and evictions are
     ``removed`` KV events. A block deleted by another process is still
     found by its failed load, and only the failed tail is marked a miss.
+
+    Engines sharing one directory (or an engine and ``kvtier trim``) each
+    keep their own books; ``rescan_interval`` (seconds, default ``None``:
+    never) reconciles them with the directory on a thread: blocks the others
+    wrote are counted, blocks they deleted forgotten (the lookups learn of
+    both), and blocks over the budget deleted, so the directory stays within
+    ``capacity_bytes`` plus what the engines write in about one interval.
     ``capacity_stats()``
     gives the counters (resident and reserved bytes, evictions, refusals,
     ENOSPC, startup trims)::
@@ -177,6 +184,7 @@ class FsTier(SecondaryTierManager):
         stale_temp_age: Optional[float] = 600.0,
         capacity_bytes: Optional[int] = None,
         eviction_policy: str = "lru",
+        rescan_interval: Optional[float] = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if not 0 <= shutdown_grace <= _MAX_GRACE:
@@ -212,6 +220,7 @@ class FsTier(SecondaryTierManager):
         # With a budget, the scan at construction sweeps the stale
         # temporary files (all of them are kept when the sweep is off).
         # guard: N8-capacity-bytes-reaches-the-tier
+        # guard: N13-rescan-interval-reaches-the-tier
         self._transfers = VllmTransfers(
             rank_dir,
             primary_kv_view,
@@ -220,6 +229,7 @@ class FsTier(SecondaryTierManager):
             capacity_bytes=capacity_bytes,
             eviction_policy=eviction_policy,
             stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
+            rescan_interval=rescan_interval,
         )
         _check_layout(self.file_mapper, self._transfers)
         # The lookups learn of every store and deletion (see _settle_changes).

@@ -25,8 +25,8 @@ impl VllmTransfers {
     /// Off by default: nothing is kept for a caller that never takes them.
     pub fn record_changes(&mut self, on: bool) {
         self.changes = on.then(Changes::default);
-        if let Some((budget, _)) = &self.budget {
-            budget.record_changes(on);
+        if let Some(budget) = &self.budget {
+            budget.dir.record_changes(on);
         }
     }
 
@@ -41,11 +41,11 @@ impl VllmTransfers {
         let Some(changes) = &mut self.changes else {
             return Vec::new();
         };
-        let Some((budget, _)) = &self.budget else {
+        let Some(budget) = &self.budget else {
             return changes.stored.drain(..).map(|key| (key, true)).collect();
         };
         let mut paths: Vec<(PathBuf, bool)> = Vec::new();
-        budget.take_changes(&mut paths);
+        budget.dir.take_changes(&mut paths);
         let layout = self.layout();
         paths
             .into_iter()

@@ -7,9 +7,11 @@
 //! `layout` names the files; `blocks` reads and writes one file; `region`
 //! is the memory and the claims that keep two transfers off one block;
 //! `transfers` runs the jobs and reports them through the save core;
-//! `changes` tells the tier's lookups which blocks came and went.
+//! `changes` tells the tier's lookups which blocks came and went;
+//! `budgeted` bounds the directory's bytes.
 
 mod blocks;
+mod budgeted;
 mod changes;
 mod layout;
 mod region;

@@ -16,16 +16,15 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::blocks::{load_block, store_block, sweep_temps};
+use super::budgeted::Budget;
 use super::changes::Changes;
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::SaveTracker;
-use crate::capacity::{CapacityStats, Policy};
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::tier::ScanReport;
-use crate::tier::budget::{BlockLayout, DirBudget};
+use crate::tier::budget::DirBudget;
 use crate::tier::pool::IoPool;
 use crate::tier::{MAX_IO_THREADS, TierError};
 
@@ -189,7 +188,7 @@ pub enum TransferError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct VllmTransfers {
-    layout: VllmFsLayout,
+    pub(super) layout: VllmFsLayout,
     /// `None` once shut down: the engine's memory is given back then.
     region: Option<Arc<PrimaryRegion>>,
     /// The region's blocks and bytes per block (kept past shutdown).
@@ -204,7 +203,7 @@ pub struct VllmTransfers {
     /// Temporary files swept (see [`sweep_stale_temps`](Self::sweep_stale_temps)).
     swept: Arc<AtomicUsize>,
     /// The byte budget, once [`set_budget`](Self::set_budget) set one.
-    pub(super) budget: Option<(DirBudget, ScanReport)>,
+    pub(super) budget: Option<Budget>,
     /// Changes for the lookups, while recorded (see `changes.rs`): stores
     /// reported by `finished` when there is no budget (with one, the
     /// budget's ledger logs them).
@@ -251,59 +250,6 @@ impl VllmTransfers {
             budget: None,
             changes: None,
         })
-    }
-
-    /// Bounds the rank directory's block files to `capacity` bytes: scans
-    /// it now (the newest blocks that fit are counted, older ones deleted,
-    /// temporary files older than `stale_temp_age` deleted), then every
-    /// store gets room first (evicting by `policy`; a store that cannot is
-    /// a failed job, nothing lost) and every load pins its blocks. Call it
-    /// once, before the first job.
-    pub fn set_budget(
-        &mut self,
-        capacity: u64,
-        policy: Policy,
-        stale_temp_age: Duration,
-    ) -> Result<&ScanReport, TierError> {
-        if self.budget.is_some() {
-            return Err(TierError::Config(
-                "the transfers have a byte budget already".into(),
-            ));
-        }
-        let naming = BlockLayout::Vllm.naming();
-        let scanned = DirBudget::scan(
-            capacity,
-            policy,
-            self.layout.rank_dir(),
-            &naming,
-            stale_temp_age,
-        )?;
-        if self.changes.is_some() {
-            scanned.0.record_changes(true);
-        }
-        Ok(&self.budget.insert(scanned).1)
-    }
-
-    /// The byte budget's counters and gauges (`None` without one).
-    pub fn capacity_stats(&self) -> Option<CapacityStats> {
-        self.budget.as_ref().map(|(budget, _)| budget.stats())
-    }
-
-    /// What the budget's startup scan found (`None` without one).
-    pub fn scan_report(&self) -> Option<&ScanReport> {
-        self.budget.as_ref().map(|(_, report)| report)
-    }
-
-    /// Sets the budget to `capacity` and deletes blocks until the files
-    /// fit (blocks being read or written stay until those end); returns
-    /// how many were deleted. An error without a budget.
-    pub fn trim(&self, capacity: u64) -> Result<usize, TierError> {
-        match &self.budget {
-            Some((budget, _)) => Ok(budget.trim(capacity)),
-            None => Err(TierError::Config(
-                "the transfers have no byte budget (set_budget)".into(),
-            )),
-        }
     }
 
     /// Queues a sweep of the temporary files that writers which died
@@ -424,7 +370,7 @@ impl VllmTransfers {
         let claim = region.claim(blocks, job.kind.access())?;
         let (task, completer) = CompletionTask::new(());
         let (layout, job) = (self.layout.clone(), job.clone());
-        let budget = self.budget.as_ref().map(|(budget, _)| budget.clone());
+        let budget = self.budget.as_ref().map(|budget| budget.dir.clone());
         pool.submit_to(
             job.kind.lane(),
             Box::new(move || {
@@ -511,6 +457,9 @@ impl VllmTransfers {
     /// single job.
     pub fn shutdown(&mut self, grace: Duration) -> ShutdownReport {
         let mut report = ShutdownReport::default();
+        if let Some(budget) = &mut self.budget {
+            budget.rescanner = None; // stopped and joined
+        }
         if let Some(pool) = self.pool.take() {
             // guard: V5-shutdown-drops-queued-loads
             report.loads_dropped = pool.discard_lanes(&[TransferKind::Load.lane()]);

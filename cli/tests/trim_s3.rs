@@ -1,0 +1,195 @@
+//! `kvtier trim --s3` and the usage `kvtier probe --s3` reports: an object
+//! tier's namespace on a loopback S3 server brought under a budget (the
+//! newest objects kept), other namespaces untouched, bad input refused.
+#![cfg(not(any(kvtier_loom, kvtier_shuttle)))]
+
+/// The library's test servers and backends, shared with its own tests.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::s3::{S3Server, unique_bucket};
+use kvtier::ObjectTier;
+use kvtier::tier::S3Options;
+
+fn kvtier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .env_remove("AWS_ENDPOINT")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_ENDPOINT_URL_S3")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .output()
+        .expect("run kvtier")
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON object")
+}
+
+/// The tier the CLI opens for `url`, opened the same way by the library.
+fn tier(url: &str) -> ObjectTier {
+    let (options, namespace) = S3Options::from_url(url).unwrap();
+    let options = options.credentials("testing", "testing");
+    ObjectTier::s3(&options, &namespace).unwrap()
+}
+
+/// 84 bytes of data: 100-byte objects with the block header.
+const BLOCK: u64 = 100;
+
+#[test]
+fn trim_keeps_the_newest_objects_within_the_capacity_and_probe_shows_the_usage() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("kvtier-trim");
+    server.create_bucket(&bucket);
+    let url = format!("s3://{bucket}/ns?endpoint={}", server.endpoint);
+    let other = format!("s3://{bucket}/other?endpoint={}", server.endpoint);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (tier, neighbour) = (tier(&url), tier(&other));
+    runtime.block_on(async {
+        for key in 0u64..3 {
+            tier.store(&key, vec![1; 84]).await.unwrap();
+            neighbour.store(&key, vec![1; 84]).await.unwrap();
+        }
+        // Last-modified times are whole seconds on some servers.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        for key in 3u64..6 {
+            tier.store(&key, vec![1; 84]).await.unwrap();
+        }
+    });
+
+    // Without a budget: the usage, nothing deleted.
+    let usage = json(&kvtier(&["trim", "--s3", &url, "--json"]));
+    assert_eq!(
+        (usage["blocks"].as_u64(), usage["bytes"].as_u64()),
+        (Some(6), Some(6 * BLOCK))
+    );
+    assert_eq!(
+        (usage["trimmed"].as_u64(), usage["namespace"].as_str()),
+        (Some(0), Some("ns"))
+    );
+    assert!(usage["capacity_bytes"].is_null(), "{usage}");
+
+    // Room for three and a half: the three newest stay.
+    let trimmed = json(&kvtier(&[
+        "trim",
+        "--s3",
+        &url,
+        "--capacity",
+        "350",
+        "--json",
+    ]));
+    assert_eq!(
+        (
+            trimmed["blocks"].as_u64(),
+            trimmed["bytes"].as_u64(),
+            trimmed["trimmed"].as_u64()
+        ),
+        (Some(3), Some(3 * BLOCK), Some(3)),
+        "{trimmed}"
+    );
+    runtime.block_on(async {
+        for key in 0u64..6 {
+            assert_eq!(tier.contains(&key).await.unwrap(), key >= 3, "block {key}");
+            if key < 3 {
+                assert!(
+                    neighbour.contains(&key).await.unwrap(),
+                    "another namespace's {key}"
+                );
+            }
+        }
+    });
+
+    // The text form says the same, and probe reports the usage.
+    let text = kvtier(&["trim", "--s3", &url, "--capacity", "350"]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    assert!(
+        stdout.contains("kept          3 blocks, 300 bytes"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("deleted       0 oldest blocks, in"),
+        "{stdout}"
+    );
+    let probe = json(&kvtier(&[
+        "probe", "--s3", &url, "--keys", "20", "--groups", "2", "--json",
+    ]));
+    assert_eq!(
+        (
+            probe["usage"]["blocks"].as_u64(),
+            probe["usage"]["bytes"].as_u64()
+        ),
+        (Some(3), Some(3 * BLOCK)),
+        "{probe}"
+    );
+}
+
+#[test]
+fn bad_s3_trim_input_exits_with_code_2_and_an_absent_bucket_with_3() {
+    let server = S3Server::shared_or_start();
+    let url = format!(
+        "s3://{}?endpoint={}",
+        unique_bucket("kvtier-x"),
+        server.endpoint
+    );
+    for (args, code, message) in [
+        (vec!["trim"], 2, "--fs"),
+        (
+            vec!["trim", "--fs", "/tmp", "--s3", "s3://b"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["trim", "--s3", "s3://b", "--layout", "vllm"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["trim", "--s3", "s3://b", "--namespace", "x"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["trim", "--s3", "s3://b", "--stale-temp-age", "5"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["trim", "--fs", "/tmp", "--timeout", "5"],
+            2,
+            "cannot be used with",
+        ),
+        (vec!["trim", "--s3", "not a url"], 2, "S3 URL"),
+        (vec!["trim", "--s3", "s3://b/../x"], 2, "`..`"),
+        (
+            vec!["trim", "--s3", &url, "--capacity", "0"],
+            2,
+            "at least 1",
+        ),
+        // No such bucket: the first request fails, nothing is listed.
+        (
+            vec!["trim", "--s3", &url, "--capacity", "1G"],
+            3,
+            "cannot reach",
+        ),
+    ] {
+        let output = kvtier(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
