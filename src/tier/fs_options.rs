@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::FsTier;
 use super::MAX_IO_THREADS;
 use super::TierError;
 use crate::capacity::Policy;
@@ -139,8 +141,6 @@ impl FsOptions {
     /// listing's time (docs/performance.md has it at 10^6 files). Needs a
     /// budget; from [`MIN_RESCAN_INTERVAL`](super::MIN_RESCAN_INTERVAL) to
     /// [`MAX_RESCAN_INTERVAL`](super::MAX_RESCAN_INTERVAL).
-    ///
-    /// [`FsTier::reconcile`]: super::FsTier::reconcile
     pub fn rescan_interval(mut self, interval: Option<Duration>) -> Self {
         self.rescan_interval = interval;
         self

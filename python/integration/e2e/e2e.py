@@ -179,6 +179,38 @@ class Harness:
         result["log"] = log
         return result
 
+    def run_together(self, runs: list) -> list:
+        """Engine processes started at once that run their prompts together
+        (each waits at a barrier until all are up), each to its end; their
+        outputs, each checked clean as ``run`` checks one."""
+        shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+        started = time.monotonic()
+        barrier = self.work / "runs" / f"barrier-{self.runs + 1:02d}"
+        shutil.rmtree(barrier, ignore_errors=True)
+        barrier.mkdir(parents=True)
+        processes = [self.start(name, dict(settings, barrier=str(barrier))) for name, settings in runs]
+        deadline = time.monotonic() + 600
+        while len(list(barrier.glob("*.ready"))) < len(runs):
+            exited = [p.args for p, _ in processes if p.poll() is not None]
+            check(not exited and time.monotonic() < deadline, f"engines run together: not all came up {exited}")
+            time.sleep(0.05)
+        (barrier / "go").touch()
+        results = []
+        for process, run_dir in processes:
+            status = process.wait(timeout=900)
+            gone = wait_for_group(process.pid, timeout=120)
+            log = (run_dir / "engine.log").read_text()
+            check(gone, f"{run_dir.name}: engine processes outlived the engine by 120 s\n{tail(log)}")
+            print(f"  {run_dir.name}: {time.monotonic() - started:.0f} s", flush=True)
+            check(status == 0, f"{run_dir.name}: the engine exited with {status}\n{tail(log)}")
+            check_log(run_dir.name, log)
+            result = json.loads((run_dir / "out.json").read_text())
+            result["log"] = log
+            results.append(result)
+        left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
+        check(not left, f"engines run together: offload regions left in /dev/shm: {sorted(left)}")
+        return results
+
     def kill_once_stored(self, what: str, name: str, root: Path, settings: dict, files: int) -> list[Path]:
         """Starts an engine, kills it (SIGKILL, its process group) as soon as
         ``files`` block files are in ``root``, while the rest are held,

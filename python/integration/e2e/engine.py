@@ -19,7 +19,10 @@ a multiple of the engine's 32), ``abort`` (indices of
 prompts to abort once they have started), ``store_delay`` (seconds each
 store job is held before it reaches the tier: makes stores slow enough to
 be in flight), ``linger`` (seconds to wait after the prompts before the
-shutdown, while the engine core goes on with its stores).
+shutdown, while the engine core goes on with its stores), ``barrier`` (a
+directory: once the engine is up it writes ``<barrier>/<pid>.ready`` and
+waits, at most 10 minutes, for ``<barrier>/go``, so that engines started
+together run their prompts together).
 """
 
 from __future__ import annotations
@@ -168,6 +171,8 @@ def main() -> None:
         # One short prompt of its own first: the timed run then pays no
         # first-call costs (kernel selection, allocations).
         llm.generate([TokensPrompt(prompt_token_ids=settings["warmup"])], params, use_tqdm=False)
+    if settings.get("barrier"):
+        wait_at_barrier(settings["barrier"])
     started = time.perf_counter()
     outputs, steps = run(llm, prompts, params, set(settings.get("abort", ())))
     seconds = time.perf_counter() - started
@@ -189,6 +194,16 @@ def main() -> None:
     # deadline into a leak of kvtier's.
     llm.llm_engine.engine_core.shutdown(timeout=60)
     del llm
+
+
+def wait_at_barrier(barrier: str) -> None:
+    """Says this engine is up, then waits for the harness's go."""
+    open(os.path.join(barrier, f"{os.getpid()}.ready"), "w").close()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.path.join(barrier, "go")):
+        if time.monotonic() > deadline:
+            raise SystemExit("no go at the barrier within 10 minutes")
+        time.sleep(0.01)
 
 
 def run(llm, prompts, params, abort: set) -> tuple:

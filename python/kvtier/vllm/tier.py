@@ -381,13 +381,23 @@ class FsTier(SecondaryTierManager):
         if not self._closed:
             stats = self._lookup_manager.native.stats()
             logger.info(
-                "tier %r: the tier's own stores and deletions settled %d lookups as hits and %d as "
+                "tier %r: the stores and deletions the tier saw settled %d lookups as hits and %d as "
                 "misses; %d blocks failed to load",
                 self.tier_type,
                 stats["settled_hits"],
                 stats["settled_misses"],
                 self._load_failures,
             )
+            capacity = self._transfers.capacity_stats()
+            if capacity is not None and capacity["reconciles"]:
+                logger.info(
+                    "tier %r: %d reconciles with the directory adopted %d blocks other processes wrote "
+                    "and forgot %d they deleted",
+                    self.tier_type,
+                    capacity["reconciles"],
+                    capacity["adopted"],
+                    capacity["forgotten"],
+                )
         self._closed = True
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)
