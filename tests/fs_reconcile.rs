@@ -91,9 +91,17 @@ fn tiers_rescanning_on_their_own_threads_settle_within_one_budget() {
     for key in 0u64..90 {
         tiers[(key % 3) as usize].store(&key, &PAYLOAD).unwrap();
     }
-    // No writer now: within a few intervals the namespace holds one budget.
+    // No writer now: within a few intervals every tier has reconciled and
+    // the namespace holds one budget (waited for up to 10 s: a loaded
+    // machine may run a thread late).
+    let settled = || {
+        bytes_on_disk(&dir) <= 8 * FILE
+            && tiers
+                .iter()
+                .all(|tier| tier.capacity_stats().unwrap().reconciles > 0)
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while bytes_on_disk(&dir) > 8 * FILE && Instant::now() < deadline {
+    while !settled() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(

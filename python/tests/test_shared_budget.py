@@ -78,8 +78,13 @@ def test_rescanning_engines_settle_within_one_budget(tmp_path):
     engines = [VllmTransfers(rank, primary(1), **budget) for _ in range(2)]
     for n in range(24):
         store(engines[n % 2], n, n)
+    # Waited for (up to 10 s: a loaded machine may run a thread late): both
+    # have reconciled and the directory holds one budget.
+    def settled() -> bool:
+        return bytes_on_disk(rank) <= 4 * BLOCK and all(e.capacity_stats()["reconciles"] > 0 for e in engines)
+
     deadline = time.monotonic() + 10
-    while bytes_on_disk(rank) > 4 * BLOCK and time.monotonic() < deadline:
+    while not settled() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert bytes_on_disk(rank) <= 4 * BLOCK
     assert all(engine.capacity_stats()["reconciles"] > 0 for engine in engines)

@@ -141,6 +141,9 @@ def tiering(h: "Harness") -> None:
     for engine, part in parts.items():
         shared = h.settings("kvtier", root, tier_options={"capacity_bytes": CAPACITY, "rescan_interval": RESCAN})
         shared["prompts"] = [h.prompts[i] for i in part]
+        # A few more reconciles once its prompts are done, so that each
+        # engine also sees the other's last stores.
+        shared["linger"] = 0.5
         runs.append((f"capacity-kvtier-1{engine}", shared))
     with Sampler(root) as first_usage:
         both = h.run_together(runs)
