@@ -1948,7 +1948,7 @@ def matrix(selected, tree):
 #: Fingerprints of the mutations of the last recorded run, by id.
 RECORD = os.path.join(ROOT, "models", "mutants-record.json")
 #: The fixed sample: every SAMPLE_EVERY-th mutation in registry order.
-SAMPLE_EVERY = 16
+SAMPLE_EVERY = 13
 CHANGED = "changed since the recorded run"
 
 
