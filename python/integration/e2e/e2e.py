@@ -164,6 +164,14 @@ class Harness:
         shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
         started = time.monotonic()
         process, run_dir = self.start(name, settings)
+        result = self._ended(process, run_dir, started)
+        left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
+        check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
+        return result
+
+    def _ended(self, process, run_dir: Path, started: float) -> dict:
+        """Waits for an engine process and its group; its output, once its
+        exit status and log are checked clean."""
         status = process.wait(timeout=900)
         # The engine's own processes (engine core, worker) may still be
         # tearing down: the checks below are of what they all leave.
@@ -173,8 +181,6 @@ class Harness:
         print(f"  {run_dir.name}: {time.monotonic() - started:.0f} s", flush=True)
         check(status == 0, f"{run_dir.name}: the engine exited with {status}\n{tail(log)}")
         check_log(run_dir.name, log)
-        left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
-        check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
         result = json.loads((run_dir / "out.json").read_text())
         result["log"] = log
         return result
@@ -195,18 +201,7 @@ class Harness:
             check(not exited and time.monotonic() < deadline, f"engines run together: not all came up {exited}")
             time.sleep(0.05)
         (barrier / "go").touch()
-        results = []
-        for process, run_dir in processes:
-            status = process.wait(timeout=900)
-            gone = wait_for_group(process.pid, timeout=120)
-            log = (run_dir / "engine.log").read_text()
-            check(gone, f"{run_dir.name}: engine processes outlived the engine by 120 s\n{tail(log)}")
-            print(f"  {run_dir.name}: {time.monotonic() - started:.0f} s", flush=True)
-            check(status == 0, f"{run_dir.name}: the engine exited with {status}\n{tail(log)}")
-            check_log(run_dir.name, log)
-            result = json.loads((run_dir / "out.json").read_text())
-            result["log"] = log
-            results.append(result)
+        results = [self._ended(process, run_dir, started) for process, run_dir in processes]
         left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
         check(not left, f"engines run together: offload regions left in /dev/shm: {sorted(left)}")
         return results
