@@ -461,11 +461,26 @@ fn a_sweep_removes_stale_temporary_files_and_nothing_else() {
         }
         path
     };
-    let stale_ours = file("abcdef.bin_7f3a.tmp", true);
-    let stale_vllms = file("abcdef.bin__123456789.tmp", true);
+    let stale_ours = file("abcdef.bin_18446744073709551615.tmp", true);
+    let stale_vllms = file("abcdef.bin_123456789.tmp", true);
     let fresh = file("abcdef.bin_99.tmp", false);
     let block = file("abcdef.bin", true);
     let other = file("notes.tmp", true);
+    // Names no writer of the layout gives: not a decimal suffix, a block
+    // name that is not this directory's, a temporary file of no block.
+    let foreign = [
+        file("abcdef.bin_7f3a.tmp", true),
+        file("abcdef.bin_v2.tmp", true),
+        file("abddef.bin_1.tmp", true),
+        file("report.bin_2.tmp", true),
+    ];
+    let elsewhere = f.rank_dir.join("docs").join("2024");
+    fs::create_dir_all(&elsewhere).unwrap();
+    let report = elsewhere.join("report.bin_v2.tmp");
+    fs::File::create(&report)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
     f.transfers.sweep_stale_temps(Duration::from_secs(600));
     let mut transfers = f.transfers;
     transfers.shutdown(Duration::from_secs(60));
@@ -479,6 +494,9 @@ fn a_sweep_removes_stale_temporary_files_and_nothing_else() {
         block.exists() && other.exists(),
         "nothing but block temporaries is touched"
     );
+    for path in foreign.iter().chain([&report]) {
+        assert!(path.exists(), "{} is not the layout's", path.display());
+    }
 }
 
 #[test]

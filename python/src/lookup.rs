@@ -554,6 +554,23 @@ impl PyLookup {
         guard(|| self.open("flush")?.flush().map_err(lookup_error))
     }
 
+    /// Starts (or stops) timing each lookup group from the flush that
+    /// submitted it to the call that applied its answers (for a metrics
+    /// exporter; off by default).
+    fn time_verdicts(&mut self, on: bool) -> PyResult<()> {
+        guard(|| {
+            self.open("time_verdicts")?.time_verdicts(on);
+            Ok(())
+        })
+    }
+
+    /// `(seconds, dropped)`: how long each group applied since the last
+    /// call waited for its verdict (empty unless `time_verdicts(True)`),
+    /// and how many more were not kept.
+    fn take_verdict_times(&mut self) -> PyResult<(Vec<f64>, u64)> {
+        guard(|| Ok(self.open("take_verdict_times")?.take_verdict_times()))
+    }
+
     /// Applies the answers published so far; returns how many groups. Every
     /// other call does this first, so a scheduler never needs it.
     fn drain(&mut self) -> PyResult<usize> {

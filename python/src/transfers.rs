@@ -418,6 +418,19 @@ impl Drop for PyVllmTransfers {
     }
 }
 
+/// Where `VllmTransfers(rank_dir, ...)` stores the block of `key`: the
+/// path its stores and loads use, without making transfers (nothing on
+/// disk is touched), so a tier can check it against vLLM's `FileMapper`
+/// before its startup scan runs.
+#[pyfunction]
+fn vllm_block_path(rank_dir: PathBuf, key: &[u8]) -> PyResult<PathBuf> {
+    guard(|| {
+        let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
+        layout.path_of(key).map_err(tier_error)
+    })
+}
+
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
-    module.add_class::<PyVllmTransfers>()
+    module.add_class::<PyVllmTransfers>()?;
+    module.add_function(wrap_pyfunction!(vllm_block_path, module)?)
 }

@@ -26,6 +26,7 @@ mod thread;
 #[cfg(tokio_driver)]
 mod tokio;
 mod types;
+mod verdict_clock;
 
 pub use crate::invariant::InvariantViolation;
 pub use backend::Backend;

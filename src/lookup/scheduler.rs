@@ -20,6 +20,7 @@ use super::stats::LookupStats;
 use super::submission::{GroupOutcome, GroupResult, Submission};
 use super::table::LookupTable;
 use super::types::{Request, Ticket, Verdict};
+use super::verdict_clock::VerdictClock;
 use crate::publish::PublishStack;
 use crate::sync::Arc;
 
@@ -217,6 +218,9 @@ pub struct Lookup<K, R: Request, P: Prober<K, R>> {
     /// False once the prober was shut down (by `shutdown`; `Drop` then
     /// leaves it alone).
     open: bool,
+    /// Times groups from flush to verdict, once asked to
+    /// ([`time_verdicts`](Self::time_verdicts)).
+    verdict_clock: Option<Box<VerdictClock>>,
 }
 
 impl<K, R, P> Lookup<K, R, P>
@@ -246,6 +250,7 @@ where
             published,
             prober,
             open: true,
+            verdict_clock: None,
         })
     }
 
@@ -312,6 +317,9 @@ where
         let Some(submission) = submission else {
             return Ok(0);
         };
+        if let (Some(clock), Some(first)) = (&mut self.verdict_clock, submission.groups().first()) {
+            clock.flushed(first.seq(), std::time::Instant::now());
+        }
         let keys = submission.key_count();
         match self.prober.submit(submission) {
             Ok(()) => Ok(keys),
@@ -347,7 +355,11 @@ where
     fn apply_all(&mut self) -> usize {
         let results = self.published.stack.take_all();
         let applied = results.len();
+        let now = self.verdict_clock.is_some().then(std::time::Instant::now);
         for result in results {
+            if let (Some(clock), Some(now)) = (&mut self.verdict_clock, now) {
+                clock.applied(result.seq(), now);
+            }
             self.table.apply(result);
         }
         applied
@@ -476,6 +488,24 @@ where
                 table: Box::new(table),
             }),
         }
+    }
+
+    /// Starts (or stops) timing each group from the flush that submitted it
+    /// to the call that applied its answers: what
+    /// [`take_verdict_times`](Self::take_verdict_times) hands out, for a
+    /// metrics exporter. Off by default: a flush then reads no clock.
+    pub fn time_verdicts(&mut self, on: bool) {
+        self.verdict_clock = on.then(Box::default);
+    }
+
+    /// The seconds each group applied since the last call waited for its
+    /// verdict (empty unless [`time_verdicts`](Self::time_verdicts) is on),
+    /// and how many more were applied and not kept (at most 16,384 are
+    /// kept between two calls).
+    pub fn take_verdict_times(&mut self) -> (Vec<f64>, u64) {
+        self.verdict_clock
+            .as_mut()
+            .map_or_else(Default::default, |clock| clock.take())
     }
 
     /// Starts or stops recording the order in which group results are

@@ -19,41 +19,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::files::is_absent;
+use super::names::Entry;
+use super::tree::{BlockLayout, remove_block, walk};
 use super::{ReconcileReport, ScanReport, TierError};
 use crate::capacity::{Admitted, CapacityStats, PinGuard, Policy, SharedLedger};
 use crate::capacity::{Rejection, WriteGuard};
-
-/// Which layout a directory's block files follow, for [`scan_directory`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BlockLayout {
-    /// kvtier's [`FsTier`](super::FsTier): the directory is a namespace
-    /// (`<root>/<namespace>`), blocks `<xxx>/<yy>/<hex>.bin`, temporary
-    /// files `<hex>.bin.<suffix>.tmp`.
-    Kvtier,
-    /// vLLM's fs layout: the directory is a rank's (`..._r<rank>`), blocks
-    /// `<xxx>/<yy>_g<group>/<hex>.bin`, temporary files
-    /// `<hex>.bin_<suffix>.tmp`.
-    Vllm,
-}
-
-impl BlockLayout {
-    pub(crate) fn naming(self) -> Naming {
-        match self {
-            Self::Kvtier => Naming {
-                depth: 2,
-                is_block: |name| name.ends_with(".bin"),
-                is_temp: super::files::is_temp_name,
-            },
-            Self::Vllm => Naming {
-                depth: 2,
-                is_block: |name| name.ends_with(".bin"),
-                is_temp: super::vllm::is_block_temp,
-            },
-        }
-    }
-}
 
 /// Counts the block files below `dir` and, with a `capacity`, deletes the
 /// oldest (by modification time) until the rest fit it; with a
@@ -61,6 +31,11 @@ impl BlockLayout {
 /// either it only reads: the usage of a tier. What `kvtier trim` and the
 /// usage line of `kvtier probe --fs` run; a tier with a budget runs the
 /// same scan when it opens.
+///
+/// Only the names `layout` writes are counted or deleted (its blocks, where
+/// it puts them, and its stores' temporary files), and a deletion takes the
+/// directories it empties with it. Deletions that fail are counted and
+/// named in the report ([`ScanReport::failed`]); the scan goes on.
 ///
 /// Another process storing into the directory meanwhile is not counted
 /// until its next scan; see docs/design.md ("Capacity across processes").
@@ -78,7 +53,7 @@ impl BlockLayout {
 /// let usage = scan_directory(&dir, BlockLayout::Kvtier, None, Default::default(), None)?;
 /// assert_eq!((usage.blocks, usage.bytes), (4, 400));
 /// let trimmed = scan_directory(&dir, BlockLayout::Kvtier, Some(250), Default::default(), None)?;
-/// assert_eq!((trimmed.blocks, trimmed.trimmed), (2, 2));
+/// assert_eq!((trimmed.blocks, trimmed.trimmed, trimmed.failed), (2, 2, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn scan_directory(
@@ -88,19 +63,10 @@ pub fn scan_directory(
     policy: Policy,
     stale_temp_age: Option<Duration>,
 ) -> Result<ScanReport, TierError> {
+    let deletes = capacity.is_some() || stale_temp_age.is_some();
     let capacity = capacity.unwrap_or(u64::MAX);
     let stale = stale_temp_age.unwrap_or(Duration::MAX);
-    DirBudget::scan(capacity, policy, dir, &layout.naming(), stale).map(|(_, report)| report)
-}
-
-/// How a tier's files are named, for the scan.
-pub(crate) struct Naming {
-    /// Directory levels between the tier's directory and its block files.
-    pub depth: usize,
-    /// Whether a file name is a block's.
-    pub is_block: fn(&str) -> bool,
-    /// Whether a file name is a store's temporary file.
-    pub is_temp: fn(&str) -> bool,
+    DirBudget::scan_with(capacity, policy, dir, layout, stale, deletes).map(|(_, report)| report)
 }
 
 /// A tier's byte budget over the block files below one directory.
@@ -120,12 +86,26 @@ impl DirBudget {
         capacity: u64,
         policy: Policy,
         dir: &Path,
-        naming: &Naming,
+        layout: BlockLayout,
         stale_temp_age: Duration,
+    ) -> Result<(Self, ScanReport), TierError> {
+        Self::scan_with(capacity, policy, dir, layout, stale_temp_age, true)
+    }
+
+    /// [`scan`](Self::scan); without `deletes` nothing is deleted (a
+    /// capacity of `u64::MAX` and no stale age deletes no file, and the
+    /// empty directories stay too).
+    fn scan_with(
+        capacity: u64,
+        policy: Policy,
+        dir: &Path,
+        layout: BlockLayout,
+        stale_temp_age: Duration,
+        deletes: bool,
     ) -> Result<(Self, ScanReport), TierError> {
         let started = Instant::now();
         let mut report = ScanReport::default();
-        let mut found = Self::list(dir, naming, stale_temp_age, &mut report.swept)?;
+        let mut found = Self::list(dir, layout, deletes, stale_temp_age, &mut report)?;
         // Newest first: the ledger counts what fits and names the rest.
         // guard: E15-the-scan-keeps-the-newest-blocks
         found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
@@ -133,7 +113,8 @@ impl DirBudget {
         let (ledger, victims) = SharedLedger::seeded(capacity, policy, found);
         let seeded = ledger.stats();
         (report.blocks, report.bytes) = (seeded.entries, seeded.resident_bytes);
-        report.trimmed = ledger.delete_victims(victims, |path| remove(path)) as u64;
+        report.trimmed =
+            ledger.delete_victims(victims, |path| delete(path, Some(&mut report))) as u64;
         report.elapsed = started.elapsed();
         if report.trimmed + report.swept > 0 {
             tracing::info!(
@@ -149,53 +130,32 @@ impl DirBudget {
 
     /// The block files below `dir` (modification time, bytes, path), read
     /// entry by entry; temporary files older than `stale_temp_age` are
-    /// deleted on the way and counted in `swept`. Files that vanish or
-    /// cannot be read meanwhile are skipped; a directory that cannot be
-    /// listed is an error.
+    /// deleted on the way and counted in the report's `swept` (or
+    /// `failed`). Only the names `layout` writes are looked at; with
+    /// `prune`, its directories found empty are removed.
     fn list(
         dir: &Path,
-        naming: &Naming,
+        layout: BlockLayout,
+        prune: bool,
         stale_temp_age: Duration,
-        swept: &mut u64,
+        report: &mut ScanReport,
     ) -> Result<Vec<(SystemTime, u64, PathBuf)>, TierError> {
         let now = SystemTime::now();
         let mut found: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        let mut dirs = vec![(dir.to_path_buf(), 0)];
-        while let Some((current, depth)) = dirs.pop() {
-            let entries = match fs::read_dir(&current) {
-                Ok(entries) => entries,
-                Err(error) if is_absent(&error) => continue,
-                Err(error) => return Err(TierError::io("list", &current, error)),
-            };
-            for entry in entries {
-                let Ok(entry) = entry else { continue };
-                let Ok(kind) = entry.file_type() else {
-                    continue;
-                };
-                if kind.is_dir() && depth < naming.depth {
-                    dirs.push((entry.path(), depth + 1));
-                    continue;
-                }
-                if depth != naming.depth || !kind.is_file() {
-                    continue;
-                }
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let Ok(metadata) = entry.metadata() else {
-                    continue;
-                };
-                let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                if (naming.is_temp)(name) {
+        walk(dir, layout, prune, |file| {
+            let modified = file.metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            match file.entry {
+                Entry::Temp => {
                     let age = now.duration_since(modified).unwrap_or_default();
                     // guard: E14-only-stale-temporaries-are-swept-at-open
-                    if age >= stale_temp_age && remove(&entry.path()) {
-                        *swept += 1;
+                    if age >= stale_temp_age && delete(&file.path, Some(report)) {
+                        report.swept += 1;
                     }
-                } else if (naming.is_block)(name) {
-                    found.push((modified, metadata.len(), entry.path()));
                 }
+                Entry::Block => found.push((modified, file.metadata.len(), file.path)),
+                Entry::Foreign => {}
             }
-        }
+        })?;
         Ok(found)
     }
 
@@ -209,13 +169,16 @@ impl DirBudget {
     pub(crate) fn reconcile(
         &self,
         dir: &Path,
-        naming: &Naming,
+        layout: BlockLayout,
         stale_temp_age: Duration,
     ) -> Result<ReconcileReport, TierError> {
         let started = Instant::now();
         let mut report = ReconcileReport::default();
         let listing = self.ledger.with(|ledger| ledger.begin_listing());
-        let found = match Self::list(dir, naming, stale_temp_age, &mut report.swept) {
+        let mut scanned = ScanReport::default();
+        let listed = Self::list(dir, layout, true, stale_temp_age, &mut scanned);
+        report.swept = scanned.swept;
+        let found = match listed {
             Ok(found) => found,
             Err(error) => {
                 self.ledger.with(|ledger| ledger.abandon(listing));
@@ -229,9 +192,9 @@ impl DirBudget {
             )
         });
         (report.adopted, report.forgotten) = (done.adopted, done.forgotten);
-        report.evicted = self
-            .ledger
-            .delete_victims(done.victims, |path| remove(path)) as u64;
+        report.evicted =
+            self.ledger
+                .delete_victims(done.victims, |path| delete(path, None)) as u64;
         report.elapsed = started.elapsed();
         if report.adopted + report.forgotten + report.evicted + report.swept > 0 {
             tracing::debug!(
@@ -259,7 +222,7 @@ impl DirBudget {
         for _ in 0..2 {
             let admitted = self
                 .ledger
-                .admit(path.to_path_buf(), bytes, |victim| remove(victim));
+                .admit(path.to_path_buf(), bytes, |victim| delete(victim, None));
             match admitted {
                 Ok(Admitted::Write(guard)) => return Ok(Some(guard)),
                 Ok(Admitted::Present) => {
@@ -319,7 +282,9 @@ impl DirBudget {
     /// not the budget). Returns whether any were.
     fn make_room_after_enospc(&self, bytes: u64) -> bool {
         let victims = self.ledger.with(|ledger| ledger.note_enospc(bytes));
-        self.ledger.delete_victims(victims, |path| remove(path)) > 0
+        self.ledger
+            .delete_victims(victims, |path| delete(path, None))
+            > 0
     }
 
     /// Lowers (or raises) the capacity and deletes blocks until resident
@@ -327,7 +292,8 @@ impl DirBudget {
     /// their reads and writes end). Returns the blocks deleted.
     pub(crate) fn trim(&self, capacity: u64) -> usize {
         let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
-        self.ledger.delete_victims(victims, |path| remove(path))
+        self.ledger
+            .delete_victims(victims, |path| delete(path, None))
     }
 
     /// Pins the block at `path` for a read; `None` when the budget does not
@@ -353,13 +319,17 @@ impl DirBudget {
     }
 }
 
-/// Deletes a file; `true` when it is gone (also when it was already).
-fn remove(path: &Path) -> bool {
-    match fs::remove_file(path) {
+/// Deletes a block or temporary file, and the directories that left
+/// empty; `true` when the file is gone (also when it was already). A
+/// failure is logged, and counted and named in `report` when given.
+fn delete(path: &Path, report: Option<&mut ScanReport>) -> bool {
+    match remove_block(path) {
         Ok(()) => true,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => true,
         Err(error) => {
-            tracing::warn!(path = %path.display(), %error, "cannot delete a block file to make room");
+            tracing::warn!(path = %path.display(), %error, "cannot delete a file of the tier");
+            if let Some(report) = report {
+                report.failed_to_delete(path, &error);
+            }
             false
         }
     }
@@ -379,10 +349,14 @@ mod tests {
 
     fn empty(capacity: u64) -> (tempfile::TempDir, DirBudget) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let naming = BlockLayout::Kvtier.naming();
-        let (budget, _) =
-            DirBudget::scan(capacity, Policy::Lru, dir.path(), &naming, Duration::ZERO)
-                .expect("scan");
+        let (budget, _) = DirBudget::scan(
+            capacity,
+            Policy::Lru,
+            dir.path(),
+            BlockLayout::Kvtier,
+            Duration::ZERO,
+        )
+        .expect("scan");
         (dir, budget)
     }
 
@@ -402,10 +376,13 @@ mod tests {
     fn enospc_evicts_the_least_recently_used_and_retries_once() {
         let (dir, budget) = empty(1000);
         let (a, b, c) = (
-            dir.path().join("a.bin"),
-            dir.path().join("b.bin"),
-            dir.path().join("c.bin"),
+            dir.path().join("aaa/aa/aaaaaa.bin"),
+            dir.path().join("bbb/bb/bbbbbb.bin"),
+            dir.path().join("ccc/cc/cccccc.bin"),
         );
+        for path in [&a, &b, &c] {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+        }
         for path in [&a, &b] {
             budget.store(path, 100, || write(path)).unwrap();
         }
@@ -421,6 +398,10 @@ mod tests {
         assert!(
             !a.exists() && b.exists(),
             "the least recently used made room"
+        );
+        assert!(
+            !dir.path().join("aaa").exists(),
+            "its directories went with it"
         );
         let stats = budget.stats();
         assert_eq!((stats.enospc, stats.evictions, stats.committed), (1, 1, 3));

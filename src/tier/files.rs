@@ -72,11 +72,6 @@ pub(super) fn name_fits(path: &Path) -> bool {
     path.file_name().is_some_and(|name| name.len() <= MAX_NAME)
 }
 
-/// A temporary file of a save: `<hex>.bin.<suffix>.tmp`.
-pub(super) fn is_temp_name(name: &str) -> bool {
-    name.ends_with(".tmp") && name.contains(".bin.")
-}
-
 /// Opens a block for reading without blocking (a FIFO opened for reading
 /// waits for a writer, unless opened non-blocking) and, unless links are
 /// followed, without following a link at the block's name.

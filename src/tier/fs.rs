@@ -6,19 +6,20 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::TierError;
-use super::budget::{BlockLayout, DirBudget};
+use super::budget::DirBudget;
 #[cfg(tokio_driver)]
 use super::files::stat_blocking;
 use super::files::{
-    PathWriter, create_shards, create_temp, exists, is_absent, is_link_refused, is_temp_name,
-    kind_of, name_fits, open_for_read, read_block, refuse_link, refuse_linked_shards,
-    relative_name_fits,
+    PathWriter, create_shards, exists, is_absent, is_link_refused, kind_of, name_fits,
+    open_for_read, read_block, refuse_link, refuse_linked_shards, relative_name_fits,
 };
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
+use super::names::{Entry, kvtier_temp_name};
 use super::pool::IoPool;
 use super::rescan::Rescanner;
 use super::save::{SaveTask, finish};
+use super::tree::{BlockLayout, create_temp_in_shard, mark_kvtier_tier, remove_block, walk};
 use super::{ReconcileReport, ScanReport};
 use crate::capacity::CapacityStats;
 use crate::lookup::Backend;
@@ -135,15 +136,16 @@ impl FsTier {
                 refuse_link(&below)?;
             }
         }
+        // What tells `kvtier trim` that the directory is a tier's.
+        mark_kvtier_tier(&dir)?;
         let (budget, scan) = match options.capacity_bytes {
             None => (None, None),
             Some(capacity) => {
-                let naming = BlockLayout::Kvtier.naming();
                 let (budget, report) = DirBudget::scan(
                     capacity,
                     options.policy,
                     &dir,
-                    &naming,
+                    BlockLayout::Kvtier,
                     options.stale_temp_age,
                 )?;
                 (Some(budget), Some(report))
@@ -333,7 +335,7 @@ impl FsTier {
         match &self.inner.budget {
             Some(budget) => budget.reconcile(
                 &self.inner.dir,
-                &BlockLayout::Kvtier.naming(),
+                BlockLayout::Kvtier,
                 self.inner.stale_temp_age,
             ),
             None => Err(TierError::Config(
@@ -390,39 +392,22 @@ impl FsTier {
     pub fn sweep_temp(&self, older_than: Duration) -> Result<usize, TierError> {
         let cutoff = SystemTime::now().checked_sub(older_than);
         let mut removed = 0;
-        let mut dirs = vec![(self.inner.dir.clone(), 0)];
-        while let Some((dir, depth)) = dirs.pop() {
-            let entries = match fs::read_dir(&dir) {
-                Ok(entries) => entries,
-                Err(error) if is_absent(&error) => continue,
-                Err(error) => return Err(TierError::io("list", &dir, error)),
+        let mut failed = None;
+        walk(&self.inner.dir, BlockLayout::Kvtier, false, |file| {
+            let old = match (file.metadata.modified(), cutoff) {
+                (Ok(modified), Some(cutoff)) => modified < cutoff,
+                _ => false,
             };
-            for entry in entries {
-                let entry = entry.map_err(|error| TierError::io("list", &dir, error))?;
-                let Ok(kind) = entry.file_type() else {
-                    continue;
-                };
-                let path = entry.path();
-                if kind.is_dir() && depth < 2 {
-                    dirs.push((path, depth + 1));
-                    continue;
-                }
-                let name = entry.file_name();
-                if depth != 2 || !kind.is_file() || !is_temp_name(&name.to_string_lossy()) {
-                    continue;
-                }
-                let old = match (entry.metadata().and_then(|m| m.modified()), cutoff) {
-                    (Ok(modified), Some(cutoff)) => modified < cutoff,
-                    _ => false,
-                };
-                if old {
-                    match fs::remove_file(&path) {
-                        Ok(()) => removed += 1,
-                        Err(error) if is_absent(&error) => {} // renamed meanwhile
-                        Err(error) => return Err(TierError::io("remove", &path, error)),
-                    }
-                }
+            if file.entry != Entry::Temp || !old || failed.is_some() {
+                return;
             }
+            match remove_block(&file.path) {
+                Ok(()) => removed += 1,
+                Err(error) => failed = Some(TierError::io("remove", &file.path, error)),
+            }
+        })?;
+        if let Some(error) = failed {
+            return Err(error);
         }
         if removed > 0 {
             tracing::info!(removed, dir = %self.inner.dir.display(), "removed stray temporary files");
@@ -460,9 +445,12 @@ fn write_block(inner: &Inner, path: &Path, payload: &[u8]) -> Result<(), TierErr
 
 /// Writes the block's temporary file and renames it into place.
 fn write_file(inner: &Inner, path: &Path, name: &str, payload: &[u8]) -> Result<(), TierError> {
-    create_shards(path, inner.follow_symlinks)?;
     // guard: F1-atomic-publish
-    let (mut file, tmp) = create_temp(path, |suffix| format!("{name}.{suffix:016x}.tmp"))?;
+    let (mut file, tmp) = create_temp_in_shard(
+        path,
+        || create_shards(path, inner.follow_symlinks),
+        |suffix| kvtier_temp_name(name, suffix),
+    )?;
     let written = (|| {
         // Header and payload written separately: the payload is not copied.
         file.write_all(&format::header(payload))?;

@@ -22,6 +22,8 @@ mod fs;
 #[cfg(fs_tier)]
 mod fs_options;
 mod key;
+#[cfg(tiers)]
+mod names;
 #[cfg(object_tier)]
 mod object;
 #[cfg(object_tier)]
@@ -30,6 +32,8 @@ mod object_budget;
 pub(crate) mod pool;
 #[cfg(fs_tier)]
 mod rescan;
+#[cfg(fs_tier)]
+mod tree;
 
 /// What a budgeted tier's startup scan found and did (a directory's, or an
 /// object tier's prefix).
@@ -45,8 +49,30 @@ pub struct ScanReport {
     pub trimmed: u64,
     /// Temporary files of dead writers deleted (directories only).
     pub swept: u64,
+    /// Files the scan meant to delete (blocks over the capacity, stale
+    /// temporary files) and could not: they stay on disk, and their blocks
+    /// in the books.
+    pub failed: u64,
+    /// The first of those (at most [`ScanReport::FAILURES_KEPT`]), each as
+    /// `<path>: <why>`.
+    pub failures: Vec<String>,
     /// How long the scan took.
     pub elapsed: std::time::Duration,
+}
+
+#[cfg(tiers)]
+impl ScanReport {
+    /// How many failed deletions a report names (it counts them all).
+    pub const FAILURES_KEPT: usize = 16;
+
+    /// Counts a deletion that failed, and names it while there is room.
+    #[cfg_attr(not(fs_tier), allow(dead_code))]
+    pub(crate) fn failed_to_delete(&mut self, path: &Path, error: &std::io::Error) {
+        self.failed += 1;
+        if self.failures.len() < Self::FAILURES_KEPT {
+            self.failures.push(format!("{}: {error}", path.display()));
+        }
+    }
 }
 
 /// What one reconcile of a tier's budget with its directory did (see
@@ -106,7 +132,7 @@ mod vllm;
 use std::path::{Path, PathBuf};
 
 #[cfg(fs_tier)]
-pub use budget::{BlockLayout, scan_directory};
+pub use budget::scan_directory;
 pub use format::Corruption;
 #[cfg(fs_tier)]
 pub use fs::{FsOptions, FsSaveTask, FsTier};
@@ -118,6 +144,8 @@ pub use rescan::{MAX_RESCAN_INTERVAL, MIN_RESCAN_INTERVAL};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 pub use save::SaveTask;
+#[cfg(fs_tier)]
+pub use tree::{BlockLayout, KVTIER_TIER_MARK, check_tier_dir};
 #[cfg(fs_tier)]
 pub use vllm::{
     FinishedTransfer, InFlightTransfer, PrimaryRegion, ShutdownReport, TransferError, TransferKind,
@@ -201,6 +229,17 @@ pub enum TierError {
         capacity: u64,
         /// Why.
         reason: crate::capacity::Rejection,
+    },
+    /// A directory a tool was pointed at is not a tier's directory of the
+    /// layout named: it refuses to count or delete anything below it.
+    #[error("{dir} is not a tier directory of the {layout} layout: {missing}")]
+    NotATier {
+        /// The directory.
+        dir: String,
+        /// The layout it was taken for.
+        layout: &'static str,
+        /// What a tier's directory has and this one lacks.
+        missing: String,
     },
     /// Stored bytes are not a whole, intact block.
     #[error("block {location} is damaged: {kind}")]

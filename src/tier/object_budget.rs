@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
+use super::names::{Entry, kvtier_entry};
 use super::{ScanReport, TierError};
 use crate::capacity::{
     ADMIT_ROUNDS, CapacityStats, PinGuard, Policy, Rejection, Reserved, SharedLedger, Victims,
@@ -136,11 +137,27 @@ async fn list_blocks(
     let mut listing = store.list(Some(prefix));
     while let Some(meta) = listing.next().await {
         let meta = meta.map_err(|error| super::object::store_error("list", prefix, error))?;
-        if meta.location.as_ref().ends_with(".bin") {
+        if is_block_below(prefix, &meta.location) {
             found.push(meta);
         }
     }
     Ok(found)
+}
+
+/// Whether `location` is a block the tier stores below `prefix`:
+/// `<prefix>/<xxx>/<yy>/<hex>.bin` as kvtier's layout names it, not any
+/// object whose name ends in `.bin`.
+fn is_block_below(prefix: &ObjectPath, location: &ObjectPath) -> bool {
+    let Some(mut parts) = location.prefix_match(prefix) else {
+        return false;
+    };
+    let (Some(fan_out), Some(shard), Some(name), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    // guard: E35-the-object-scan-counts-only-the-layouts-blocks
+    kvtier_entry(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block
 }
 
 /// What `prefix` holds, read with one listing and nothing deleted.

@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::budget::{BlockLayout, DirBudget};
+use super::budget::DirBudget;
+use super::tree::BlockLayout;
 use crate::sync::thread::{Builder, JoinHandle};
 use crate::sync::{Arc, Condvar, Mutex};
 
@@ -40,9 +41,8 @@ impl Rescanner {
         let thread = Builder::new()
             .name("kvtier-rescan".into())
             .spawn(move || {
-                let naming = layout.naming();
                 while wait(&stopped, interval) {
-                    if let Err(error) = budget.reconcile(&dir, &naming, stale_temp_age) {
+                    if let Err(error) = budget.reconcile(&dir, layout, stale_temp_age) {
                         tracing::warn!(%error, dir = %dir.display(), "cannot reconcile the budget with the directory");
                     }
                 }

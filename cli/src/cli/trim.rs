@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use kvtier::capacity::Policy;
-use kvtier::tier::{BlockLayout, ScanReport, check_namespace, scan_directory};
+use kvtier::tier::{BlockLayout, ScanReport, check_namespace, check_tier_dir, scan_directory};
 
 use super::{Failure, s3};
 
@@ -118,6 +118,8 @@ fn run_fs(args: &TrimArgs, root: &Path) -> Result<(), Failure> {
             (root.join(&args.namespace), BlockLayout::Kvtier)
         }
     };
+    // Nothing below a directory that is not a tier's is counted or deleted.
+    check_tier_dir(&dir, layout).map_err(|error| Failure::input(format!("--fs: {error}")))?;
     // Without a budget nothing is deleted, temporary files included.
     let stale = args
         .capacity
@@ -165,6 +167,8 @@ fn print(
             "bytes": report.bytes,
             "trimmed": report.trimmed,
             "swept": report.swept,
+            "failed": report.failed,
+            "failures": report.failures,
             "seconds": report.elapsed.as_secs_f64(),
         });
         if let (Some(json), Some(place)) = (json.as_object_mut(), place.as_object()) {
@@ -193,6 +197,25 @@ fn print(
             report.trimmed,
             report.elapsed.as_secs_f64()
         );
+        if report.failed > 0 {
+            say!("  not deleted   {} files:", report.failed);
+            for failure in &report.failures {
+                say!("    {failure}");
+            }
+        }
+    }
+    // guard: F20-trim-fails-when-it-could-not-delete
+    if report.failed > 0 {
+        let named = report.failures.len();
+        return Err(Failure::run(format!(
+            "{} files could not be deleted{}: they are still on disk",
+            report.failed,
+            if (named as u64) < report.failed {
+                format!(" (the first {named} are listed above)")
+            } else {
+                " (listed above)".to_owned()
+            }
+        )));
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ from vllm.v1.kv_offload.base import make_offload_key
 
 from .._native import Lookup, ReportAggregator, SaveScheduler, WorkerReport
 from ._conn_common import ConnectorSettings, StorageConnectorMetadata, StorageWorkerMetadata
+from .metrics import Figures, lookup_figures
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -52,6 +53,9 @@ class SchedulerSide:
             concurrency=settings.lookup_concurrency,
             group_timeout=settings.lookup_timeout,
         )
+        # The groups' times to verdict, for /metrics (see report_figures).
+        self.lookup.time_verdicts(True)
+        self.figures = Figures("connector")
         self.saves = SaveScheduler()
         self.aggregator = ReportAggregator(workers)
         self._reqs: dict[str, _Req] = {}
@@ -295,6 +299,12 @@ class SchedulerSide:
         stats["waiting_reports"] = self.aggregator.waiting
         stats["live_requests"] = len(self._reqs)
         return stats
+
+    def report_figures(self) -> Any:
+        """kvtier's lookup figures for vLLM's /metrics (see
+        ``kvtier.vllm.metrics``)."""
+        lookups, seconds = lookup_figures(self.lookup)
+        return self.figures.report(lookups=lookups, verdict_seconds=seconds)
 
     def shutdown(self) -> None:
         self.lookup.shutdown()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .._native import SaveStep, SaveTracker
 from ._conn_common import ConnectorSettings, StorageConnectorMetadata, StorageWorkerMetadata
 from ._dumps import DumpEngine
+from .metrics import Figures
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +44,7 @@ class WorkerSide:
         self._failed_keys: list[bytes] = []
         self._reports: list[bytes] = []
         self._step_dumps: list[Any] = []
+        self.figures = Figures(f"connector_r{rank}")
 
     def attach(self, tensors: list[tuple["torch.Tensor", int]], groups: list[list[tuple[int, int]]]) -> None:
         """Takes the KV cache (``register_kv_caches``)."""
@@ -175,6 +177,21 @@ class WorkerSide:
             self.engine.pump()
         self.tracker.poll()
 
+    def report_figures(self) -> Any:
+        """kvtier's figures for vLLM's /metrics (see ``kvtier.vllm.metrics``):
+        the dumps, the loads and the rank's budget."""
+        engine, figures = self.engine, self.figures
+        if engine is None:
+            return None
+        stats, cell = engine.stats, engine.cell_bytes
+        figures.totals.update(
+            store_bytes=stats["dumped_blocks"] * cell,
+            store_failures=stats["dump_failed_blocks"],
+            load_bytes=stats["loaded_blocks"] * cell,
+            load_failures=stats["load_failed_blocks"],
+        )
+        return figures.report(engine.capacity_stats())
+
     def shutdown(self) -> None:
         """Bounded: copies in flight finish, their writes get
         ``shutdown_grace`` seconds to start, queued dumps are dropped (a
@@ -184,6 +201,7 @@ class WorkerSide:
         if engine is None:
             return
         dropped, writes = engine.shutdown(self.settings.shutdown_grace)
+        self.figures.totals["shutdown_dropped"] += dropped + writes
         if dropped or writes:
             logger.warning(
                 "kvtier connector worker %d shut down with %d queued dumps and %d writes dropped",

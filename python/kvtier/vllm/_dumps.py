@@ -154,6 +154,7 @@ class DumpEngine:
             "dumps": 0,
             "dumped_blocks": 0,
             "dumps_failed": 0,
+            "dump_failed_blocks": 0,
             "loads": 0,
             "loaded_blocks": 0,
             "load_failed_blocks": 0,
@@ -277,6 +278,7 @@ class DumpEngine:
             self.stats["dumped_blocks"] += len(dump.blocks)
         else:
             self.stats["dumps_failed"] += 1
+            self.stats["dump_failed_blocks"] += len(dump.blocks)
             logger.warning("kvtier connector: a dump of %d blocks failed: %s", len(dump.blocks), error)
 
     # Loads.

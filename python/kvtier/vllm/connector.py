@@ -83,17 +83,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
     OffloadingConnectorWorker,
 )
 
+from .._native import ConfigError
 from ._conn_common import ConnectorSettings, StorageConnectorMetadata, StorageWorkerMetadata
 from ._conn_scheduler import SchedulerSide
 from ._conn_worker import WorkerSide
 from .cpu import _block_rows
+from .metrics import KvtierPromMetrics
+from .regions import remove_orphaned_regions_once
 
 if TYPE_CHECKING:
     import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -128,6 +135,29 @@ def _canonical_caches(
     return captured[0]
 
 
+#: What a GPU engine runs instead of this connector.
+GPU_ALTERNATIVE = (
+    "On GPUs use vLLM's OffloadingConnector with kvtier's tier underneath: "
+    '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": '
+    '{"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": ..., "secondary_tiers": '
+    '[{"type": "FsTier", "module_path": "kvtier.vllm", "root_dir": ...}]}} '
+    "(kvtier's README, \"kvtier in vLLM\")"
+)
+
+
+def _refuse_device_caches(kv_caches: dict[str, "torch.Tensor"]) -> None:
+    """The connector copies blocks between host memory and files on CPU
+    threads: a KV cache on a device (a GPU's) is refused at start, with
+    what to run instead."""
+    for name, tensor in kv_caches.items():
+        # guard: K15-a-device-kv-cache-is-refused-with-the-alternative
+        if tensor.device.type != "cpu":
+            raise ConfigError(
+                f"kvtier's StorageConnector runs on CPU engines: the KV cache {name!r} is on "
+                f"{tensor.device}, not in host memory. {GPU_ALTERNATIVE}"
+            )
+
+
 class StorageConnector(KVConnectorBase_V1, SupportsHMA):
     """kvtier's storage connector for vLLM (see the module's docs)."""
 
@@ -145,6 +175,8 @@ class StorageConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: Optional[WorkerSide] = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(self._settings, vllm_config.parallel_config.world_size)
+            # What engines killed at SIGTERM left in /dev/shm (see regions.py).
+            remove_orphaned_regions_once()
         else:
             self._worker = WorkerSide(self._settings, vllm_config.parallel_config.rank)
 
@@ -152,6 +184,7 @@ class StorageConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         assert self._worker is not None
+        _refuse_device_caches(kv_caches)
         caches = _canonical_caches(self._vllm_config, self._kv_cache_config, kv_caches)
         tensors = [(_block_rows(c.tensor, c.page_size_bytes), c.page_size_bytes) for c in caches.tensors]
         groups = [[(ref.tensor_idx, ref.page_size_bytes) for ref in refs] for refs in caches.group_data_refs]
@@ -246,6 +279,27 @@ class StorageConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         # A cache: a dump lost to a preemption is a later miss.
         return False
+
+    # Figures on vLLM's /metrics (see kvtier.vllm.metrics).
+
+    def get_kv_connector_stats(self) -> Optional["KVConnectorStats"]:
+        side = self._scheduler if self._scheduler is not None else self._worker
+        assert side is not None
+        return side.report_figures()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> "KVConnectorStats":
+        return OffloadingConnectorStats(data=data) if data else OffloadingConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: "VllmConfig",
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvtierPromMetrics:
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def stats(self) -> dict[str, int]:
         """kvtier's counters for this side (scheduler or worker)."""

@@ -52,6 +52,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from .._native import BlockCopier
+from .regions import remove_orphaned_regions_once
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.config import OffloadingConfig
@@ -147,6 +148,8 @@ class CpuTieringSpec(TieringOffloadingSpec):
         if not isinstance(threads, int) or not 1 <= threads <= 256:
             raise ValueError(f"copy_threads is an int from 1 to 256, not {threads!r}")
         self._copy_threads = threads
+        # What engines killed at SIGTERM left in /dev/shm (see regions.py).
+        remove_orphaned_regions_once()
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         # vLLM's own get_worker refuses any platform without device copies.

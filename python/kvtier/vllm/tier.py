@@ -34,7 +34,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -55,11 +55,16 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from .._native import ConfigError, Lookup, VllmTransfers
+from .._native import ConfigError, Lookup, VllmTransfers, vllm_block_path
 from . import AsyncLookupManager
+from .metrics import Figures, lookup_figures, metric_definitions
+from .regions import remove_orphaned_regions_once
 
 if TYPE_CHECKING:
-    from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
+    from vllm.v1.kv_offload.base import OffloadingMetricMetadata, OffloadingSpec
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -215,23 +220,36 @@ class FsTier(SecondaryTierManager):
             blocks_per_file=offloading_spec.blocks_per_chunk,
             parallel_agnostic=True,
         )
-        _write_run_config(self.file_mapper)
         rank_dir = f"{self.file_mapper.base_path}_r{self.file_mapper.rank}"
-        # With a budget, the scan at construction sweeps the stale
-        # temporary files (all of them are kept when the sweep is off).
-        # guard: N8-capacity-bytes-reaches-the-tier
-        # guard: N13-rescan-interval-reaches-the-tier
-        self._transfers = VllmTransfers(
-            rank_dir,
-            primary_kv_view,
-            load_threads=n_read_threads,
-            store_threads=n_write_threads,
-            capacity_bytes=capacity_bytes,
-            eviction_policy=eviction_policy,
-            stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
-            rescan_interval=rescan_interval,
+        # Every setting is checked before anything on disk changes: the
+        # layout, the lookup's settings (Lookup.vllm_fs touches no file),
+        # then the transfers' (checked before their startup scan deletes
+        # anything). A bad one leaves the directory as it was.
+        _check_layout(self.file_mapper, rank_dir)
+        # guard: N14-settings-are-checked-before-the-scan
+        lookup = Lookup.vllm_fs(
+            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
         )
-        _check_layout(self.file_mapper, self._transfers)
+        try:
+            # With a budget, the scan at construction sweeps the stale
+            # temporary files (all of them are kept when the sweep is off).
+            # guard: N8-capacity-bytes-reaches-the-tier
+            # guard: N13-rescan-interval-reaches-the-tier
+            self._transfers = VllmTransfers(
+                rank_dir,
+                primary_kv_view,
+                load_threads=n_read_threads,
+                store_threads=n_write_threads,
+                capacity_bytes=capacity_bytes,
+                eviction_policy=eviction_policy,
+                stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
+                rescan_interval=rescan_interval,
+            )
+        # guard: N14-settings-are-checked-before-the-scan
+        except BaseException:
+            lookup.shutdown()
+            raise
+        _write_run_config(self.file_mapper)
         # The lookups learn of every store and deletion (see _settle_changes).
         # guard: N11-the-tier-records-its-changes
         self._transfers.record_changes(True)
@@ -250,11 +268,11 @@ class FsTier(SecondaryTierManager):
             )
         elif stale_temp_age is not None:
             self._transfers.sweep_stale_temps(stale_temp_age)
-        lookup = Lookup.vllm_fs(
-            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
-        )
         # guard: N3-the-native-lookup-answers-vllms-verdicts
         lookup.set_verdicts(LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY)
+        # The groups' times to verdict, for /metrics (see get_stats).
+        lookup.time_verdicts(True)
+        self._figures = Figures(tier_type)
         self._lookup_manager = AsyncLookupManager(tier_type, lookup=lookup)
         # The scheduler calls the native lookup itself: no Python frame, no
         # translation of its answer.
@@ -262,6 +280,8 @@ class FsTier(SecondaryTierManager):
         # Buffered I/O: kvtier's transfers do not use O_DIRECT.
         self._use_o_direct = False
         self._pool = _Pool(self._transfers, n_read_threads + n_write_threads)
+        # What engines killed at SIGTERM left in /dev/shm (see regions.py).
+        remove_orphaned_regions_once()
 
     # The scheduler's calls.
 
@@ -289,8 +309,16 @@ class FsTier(SecondaryTierManager):
         """The jobs done since the last call, each once; a failed load keeps
         the blocks before its first bad one and marks the rest a miss."""
         results = []
+        totals = self._figures.totals
         for job_id, is_load, success, keys, done, seconds in self._transfers.finished():
             transfer_bytes = len(keys) * self.block_size_bytes if keys else None
+            moved = len(keys) if success else done
+            if is_load:
+                totals["load_bytes"] += moved * self.block_size_bytes
+                totals["load_failures"] += len(keys) - moved
+            else:
+                totals["store_bytes"] += moved * self.block_size_bytes
+                totals["store_failures"] += len(keys) - moved
             successful_keys = None
             if is_load and not success:
                 # A request needs its blocks as a prefix: from the first bad
@@ -349,6 +377,21 @@ class FsTier(SecondaryTierManager):
         ``capacity_bytes``)."""
         return self._transfers.capacity_stats()
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """kvtier's figures for vLLM's Prometheus endpoint (see
+        ``kvtier.vllm.metrics``): the budget, the lookups, the transfers."""
+        return metric_definitions()
+
+    def get_stats(self) -> Optional[OffloadingConnectorStats]:
+        """The figures' changes since the last report (vLLM's tier manager
+        asks every step)."""
+        figures = self._figures
+        if self._closed:
+            return figures.report()
+        lookups, seconds = lookup_figures(self._lookup_manager.native)
+        return figures.report(self._transfers.capacity_stats(), lookups, seconds)
+
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is not None:
             yield from self.events
@@ -401,6 +444,7 @@ class FsTier(SecondaryTierManager):
         self._closed = True
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)
+        self._figures.totals["shutdown_dropped"] += loads + stores
         if loads or stores:
             logger.warning(
                 "tier %r shut down with %d queued stores (after a %.1f s grace) and %d "
@@ -435,12 +479,12 @@ def _write_run_config(file_mapper: FileMapper) -> None:
             json.dump(file_mapper.get_run_config(), f, indent=2, sort_keys=True)
 
 
-def _check_layout(file_mapper: FileMapper, transfers: VllmTransfers) -> None:
+def _check_layout(file_mapper: FileMapper, rank_dir: str) -> None:
     """Refuses to run when kvtier's layout and the running vLLM's disagree:
     the tier would look for, and write, blocks where vLLM does not."""
     for block_hash, group in _LAYOUT_PROBES:
         key = make_offload_key(block_hash, group)
-        ours, theirs = os.fspath(transfers.path_of(key)), file_mapper.get_file_name(key)
+        ours, theirs = os.fspath(vllm_block_path(rank_dir, key)), file_mapper.get_file_name(key)
         # guard: N4-a-layout-vllm-does-not-share-is-refused
         if os.path.normpath(ours) != os.path.normpath(theirs):
             raise RuntimeError(

@@ -17,11 +17,12 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
 
 use super::super::TierError;
-use super::super::files::{create_temp, is_absent, kind_of, open_for_read};
+use super::super::files::{is_absent, kind_of, open_for_read};
 use super::super::format::Corruption;
+use super::super::tree::create_temp_in_shard;
+use super::layout::vllm_temp_name;
 
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,10 +52,13 @@ pub(crate) fn store_block(path: &Path, bytes: &[u8]) -> Result<Stored, TierError
             path.display()
         )));
     };
-    fs::create_dir_all(dir).map_err(|source| TierError::io("create", dir, source))?;
     let name = name.to_string_lossy();
     // guard: V3-stores-publish-whole-blocks
-    let (file, tmp) = create_temp(path, |suffix| format!("{name}_{suffix}.tmp"))?;
+    let (file, tmp) = create_temp_in_shard(
+        path,
+        || fs::create_dir_all(dir).map_err(|source| TierError::io("create", dir, source)),
+        |suffix| vllm_temp_name(&name, suffix),
+    )?;
     let written = write_all_then_rename(file, bytes, &tmp, path);
     written.map_err(|source| {
         let _ = fs::remove_file(&tmp);
@@ -135,51 +139,6 @@ fn remove_if_same_file(path: &Path, read: &fs::Metadata) {
     if let Err(error) = fs::remove_file(path) {
         tracing::warn!(path = %path.display(), %error, "cannot remove a damaged block file");
     }
-}
-
-/// Whether `name` is a temporary file a block writer makes beside a block:
-/// `<hex>.bin_<suffix>.tmp`, as both kvtier's and vLLM's writers name them.
-pub(crate) fn is_block_temp(name: &str) -> bool {
-    name.ends_with(".tmp") && name.contains(".bin_")
-}
-
-/// Removes the temporary files that writers which died mid-store left below
-/// `rank_dir` (`<rank>/<xxx>/<yy>_g<group>/`), when last modified more than
-/// `older_than` ago: younger ones may belong to a writer still running (in
-/// another engine sharing the directory). Unreadable directories and files
-/// that cannot be removed are skipped. Returns how many files it removed.
-pub(crate) fn sweep_temps(rank_dir: &Path, older_than: Duration) -> usize {
-    let now = SystemTime::now();
-    let mut removed = 0;
-    let children = |dir: &Path| {
-        fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-    };
-    for fan_out in children(rank_dir).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
-        for group in children(&fan_out.path()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
-            for entry in children(&group.path()) {
-                if !entry.file_name().to_str().is_some_and(is_block_temp) {
-                    continue;
-                }
-                let stale = entry
-                    .metadata()
-                    .and_then(|metadata| metadata.modified())
-                    .is_ok_and(|modified| {
-                        now.duration_since(modified).unwrap_or_default() >= older_than
-                    });
-                // guard: V8-only-stale-temporaries-are-swept
-                if stale
-                    && entry.file_type().is_ok_and(|t| t.is_file())
-                    && fs::remove_file(entry.path()).is_ok()
-                {
-                    removed += 1;
-                }
-            }
-        }
-    }
-    removed
 }
 
 #[cfg(test)]

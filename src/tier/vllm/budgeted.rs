@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::transfers::VllmTransfers;
 use crate::capacity::{CapacityStats, Policy};
-use crate::tier::budget::{BlockLayout, DirBudget};
+use crate::tier::BlockLayout;
+use crate::tier::budget::DirBudget;
 use crate::tier::rescan::{Rescanner, check_interval};
 use crate::tier::{ReconcileReport, ScanReport, TierError};
 
@@ -39,12 +40,11 @@ impl VllmTransfers {
                 "the transfers have a byte budget already".into(),
             ));
         }
-        let naming = BlockLayout::Vllm.naming();
         let (dir, scan) = DirBudget::scan(
             capacity,
             policy,
             self.layout.rank_dir(),
-            &naming,
+            BlockLayout::Vllm,
             stale_temp_age,
         )?;
         if self.changes.is_some() {
@@ -86,7 +86,7 @@ impl VllmTransfers {
         let budget = self.budget()?;
         budget.dir.reconcile(
             self.layout.rank_dir(),
-            &BlockLayout::Vllm.naming(),
+            BlockLayout::Vllm,
             budget.stale_temp_age,
         )
     }

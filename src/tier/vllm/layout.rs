@@ -18,6 +18,7 @@ use super::super::TierError;
 use super::super::files::stat_blocking;
 use super::super::files::{PathWriter, exists};
 use super::super::key::push_hex_bytes;
+use super::super::names::Entry;
 use crate::lookup::Backend;
 
 /// Bytes of the group index at the end of a vLLM key.
@@ -115,18 +116,11 @@ impl VllmFsLayout {
     pub fn key_of(&self, path: &Path) -> Option<Vec<u8>> {
         let relative = path.strip_prefix(&self.rank_dir).ok()?;
         let mut parts = relative.iter().map(|part| part.to_str());
-        let (_fan_out, group_dir, file) = (parts.next()??, parts.next()??, parts.next()??);
+        let (fan_out, shard, file) = (parts.next()??, parts.next()??, parts.next()??);
         if parts.next().is_some() {
             return None;
         }
-        let hex = file.strip_suffix(".bin")?;
-        let (_, group) = group_dir.rsplit_once("_g")?;
-        let group: u32 = group.parse().ok()?;
-        let mut key = decode_lower_hex(hex)?;
-        key.extend_from_slice(&group.to_be_bytes());
-        // Only the one spelling path_of gives names this key's block.
-        // guard: F14-a-key-round-trips-to-its-path
-        (self.path_of(&key).ok()? == path).then_some(key)
+        block_key(fan_out, shard, file)
     }
 
     /// Whether the block named by `key` is stored: its file is a regular file.
@@ -137,6 +131,66 @@ impl VllmFsLayout {
         }
         exists(&self.rank_dir.join(name), true)
     }
+}
+
+/// The key of the block vLLM stores at `<fan_out>/<shard>/<file>` below a
+/// rank directory; `None` for any other path.
+fn block_key(fan_out: &str, shard: &str, file: &str) -> Option<Vec<u8>> {
+    let hex = file.strip_suffix(".bin")?;
+    let (_, group) = shard.rsplit_once("_g")?;
+    let group: u32 = group.parse().ok()?;
+    let mut key = decode_lower_hex(hex)?;
+    key.extend_from_slice(&group.to_be_bytes());
+    // Only the one spelling push_vllm_path gives names this key's block.
+    let mut path = String::with_capacity(fan_out.len() + shard.len() + file.len() + 2);
+    push_vllm_path(&key, &mut path).ok()?;
+    // guard: F14-a-key-round-trips-to-its-path
+    path.split('/').eq([fan_out, shard, file]).then_some(key)
+}
+
+/// The temporary file a store writes before renaming it to `block_name`:
+/// `<block_name>_<suffix in decimal>.tmp`, as vLLM's own fs tier names its
+/// temporary files.
+pub(crate) fn vllm_temp_name(block_name: &str, suffix: u64) -> String {
+    format!("{block_name}_{suffix}.tmp")
+}
+
+/// The longest decimal suffix of a temporary file: a `u64`'s.
+const TEMP_DIGITS: usize = 20;
+
+/// What `<fan_out>/<shard>/<name>` below a rank directory is in vLLM's
+/// layout: a block, a block's temporary file (`<block>_<digits>.tmp`, as
+/// kvtier's and vLLM's writers name them), or nothing of the layout's.
+pub(crate) fn vllm_entry(fan_out: &str, shard: &str, name: &str) -> Entry {
+    if block_key(fan_out, shard, name).is_some() {
+        return Entry::Block;
+    }
+    let temp = name
+        .strip_suffix(".tmp")
+        .and_then(|stem| stem.rsplit_once('_'))
+        .filter(|(_, digits)| {
+            (1..=TEMP_DIGITS).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
+        });
+    match temp {
+        // guard: V10-only-the-layouts-temporaries-are-swept
+        Some((block, _)) if block_key(fan_out, shard, block).is_some() => Entry::Temp,
+        _ => Entry::Foreign,
+    }
+}
+
+/// Whether a directory `depth` levels below a rank directory (1: the
+/// fan-out, up to three hex digits; 2: the shard, up to two and `_g<group>`)
+/// can be one vLLM's layout made.
+pub(crate) fn is_vllm_dir(depth: usize, name: &str) -> bool {
+    let hex = |text: &str, most: usize| {
+        text.len() <= most && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    if depth == 1 {
+        return !name.is_empty() && hex(name, 3);
+    }
+    name.rsplit_once("_g").is_some_and(|(digits, group)| {
+        hex(digits, 2) && !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// The bytes of an even-length lowercase hex string, `None` for anything

@@ -17,8 +17,8 @@ mod layout;
 mod region;
 mod transfers;
 
-pub(crate) use blocks::is_block_temp;
 pub use layout::VllmFsLayout;
+pub(crate) use layout::{is_vllm_dir, vllm_entry};
 pub use region::PrimaryRegion;
 pub use transfers::{
     FinishedTransfer, InFlightTransfer, ShutdownReport, TransferError, TransferKind, VllmTransfers,

@@ -15,7 +15,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::blocks::{load_block, store_block, sweep_temps};
+use super::super::tree::{BlockLayout, sweep_temps};
+use super::blocks::{load_block, store_block};
 use super::budgeted::Budget;
 use super::changes::Changes;
 use super::layout::VllmFsLayout;
@@ -265,7 +266,7 @@ impl VllmTransfers {
         pool.submit_to(
             TransferKind::Store.lane(),
             Box::new(move || {
-                let removed = sweep_temps(&rank_dir, older_than);
+                let removed = sweep_temps(&rank_dir, BlockLayout::Vllm, older_than);
                 if removed > 0 {
                     tracing::info!(removed, dir = %rank_dir.display(), "swept stale temporary block files");
                 }
