@@ -87,7 +87,11 @@ VLLM_WORK = os.environ.get("KVTIER_VLLM_WORK", os.path.join(ROOT, "target", "vll
 def in_vllm(mode, test_file, test):
     py = os.path.join(VLLM_VENV, "bin", "python")
     env = ""
-    if mode in ("own", "connector"):
+    if mode == "package":
+        # The package's own tests (pure Python code, no vLLM needed), with
+        # the vLLM venv's native module beside the scratch tree's Python.
+        where, plugin, path = "python/tests", "", "$tree/python"
+    elif mode in ("own", "connector"):
         where, plugin, path = "python/integration", "", "$tree/python:$tree/python/integration"
         if mode == "connector":
             # The connector's tests drive vLLM's scheduler through the sdist's
@@ -809,7 +813,9 @@ MUTATIONS = [
     Mutation(
         "F1-atomic-publish",
         "a save writes the block under its final name instead of renaming a finished temporary file",
-        [("    let (mut file, tmp) = create_temp(path, |suffix| format!(\"{name}.{suffix:016x}.tmp\"))?;",
+        [("    let (mut file, tmp) = create_temp_in_shard(", "    let (_, stray) = create_temp_in_shard("),
+         ("        |suffix| kvtier_temp_name(name, suffix),\n    )?;",
+          "        |suffix| kvtier_temp_name(name, suffix),\n    )?;\n    let _ = fs::remove_file(&stray);\n"
           "    let (mut file, tmp) = (fs::File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
          ("        fs::rename(&tmp, path)\n", "        Ok(())\n")],
         TEST + ["-p", "kvtier", "--test", "fs_tier", "concurrent_saves"],
@@ -922,7 +928,9 @@ MUTATIONS = [
     Mutation(
         "V3-stores-publish-whole-blocks",
         "a store writes the block under its final name instead of renaming a whole temporary file",
-        [("    let (file, tmp) = create_temp(path, |suffix| format!(\"{name}_{suffix}.tmp\"))?;",
+        [("    let (file, tmp) = create_temp_in_shard(", "    let (_, stray) = create_temp_in_shard("),
+         ("        |suffix| vllm_temp_name(&name, suffix),\n    )?;",
+          "        |suffix| vllm_temp_name(&name, suffix),\n    )?;\n    let _ = fs::remove_file(&stray);\n"
           "    let (file, tmp) = (File::create(path).map_err(|e| TierError::io(\"create\", path, e))?, path.to_path_buf());"),
          ("    fs::rename(tmp, path)\n", "    let _ = (tmp, path);\n    Ok(())\n")],
         TEST + ["-p", "kvtier", "--lib", "a_load_racing_a_store"],
@@ -990,7 +998,7 @@ MUTATIONS = [
     Mutation(
         "V8-only-stale-temporaries-are-swept",
         "the sweep removes a temporary file however young, which a live writer may own",
-        [("                if stale\n                    && entry.file_type()", "                if entry.file_type()")],
+        [("        if file.entry != Entry::Temp || !stale {", "        if file.entry != Entry::Temp {")],
         TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_sweep_removes_stale_temporary_files"],
     ),
     Mutation(
@@ -1493,8 +1501,8 @@ MUTATIONS = [
     Mutation(
         "E14-only-stale-temporaries-are-swept-at-open",
         "the startup scan deletes every temporary file, a live writer's in another process too",
-        [("                    if age >= stale_temp_age && remove(&entry.path()) {",
-          "                    if remove(&entry.path()) {")],
+        [("                    if age >= stale_temp_age && delete(&file.path, Some(report)) {",
+          "                    if delete(&file.path, Some(report)) {")],
         TEST + ["-p", "kvtier", "--test", "fs_capacity", "reopening_keeps_the_newest"],
     ),
     Mutation(
@@ -1608,7 +1616,7 @@ MUTATIONS = [
     Mutation(
         "F14-a-key-round-trips-to-its-path",
         "a path that only resembles a block's (a padded group, another fan-out) is taken as naming a key",
-        [("        (self.path_of(&key).ok()? == path).then_some(key)", "        Some(key)")],
+        [("    path.split('/').eq([fan_out, shard, file]).then_some(key)", "    Some(key)")],
         MODELS + ["fuzz_corpus", "vllm_block_path"],
     ),
     Mutation(
@@ -1712,8 +1720,8 @@ MUTATIONS = [
     Mutation(
         "N13-rescan-interval-reaches-the-tier",
         "the tier takes rescan_interval and never passes it on: engines sharing a directory never learn of each other's blocks",
-        [("            rescan_interval=rescan_interval,\n        )\n        _check_layout",
-          "            rescan_interval=None,\n        )\n        _check_layout")],
+        [("                rescan_interval=rescan_interval,\n            )",
+          "                rescan_interval=None,\n            )")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_engines_sharing_a_directory"),
     ),
     Mutation(
@@ -1728,6 +1736,103 @@ MUTATIONS = [
         [("        let rescanner = match (&budget, options.rescan_interval) {",
           "        let rescanner = match (&budget, None::<Duration>) {")],
         TEST + ["-p", "kvtier", "--test", "fs_reconcile", "tiers_rescanning"],
+    ),
+    # Operators' fixes (issue 40): only the layout's own files, emptied
+    # directories removed, a store racing that removal, the trim's exit
+    # status, settings before the scan, stopped engines' regions, figures.
+    Mutation(
+        "F15-only-the-layouts-temporaries-are-swept",
+        "any name with a store's suffix counts as a temporary file of the tier: a foreign notes.bin.<hex>.tmp is swept",
+        [("        Some((block, _)) if is_kvtier_block(fan_out, shard, block) => Entry::Temp,",
+          "        Some(_) => Entry::Temp,")],
+        TEST + ["-p", "kvtier", "--lib", "tier::names"],
+    ),
+    Mutation(
+        "F16-only-the-layouts-blocks-are-counted",
+        "any hex-named .bin two levels down is a block, wherever it sits: a trim deletes files the layout never wrote",
+        [("    path.split('/').eq([fan_out, shard, name])", "    !path.is_empty()")],
+        TEST + ["-p", "kvtier-cli", "--test", "trim", "trim_deletes_only_the_files_the_layout_writes"],
+    ),
+    Mutation(
+        "V10-only-the-layouts-temporaries-are-swept",
+        "any name with a decimal temporary suffix in vLLM's layout is swept, a foreign report.bin_2.tmp too",
+        [("        Some((block, _)) if block_key(fan_out, shard, block).is_some() => Entry::Temp,",
+          "        Some(_) => Entry::Temp,")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_sweep_removes_stale_temporary_files"],
+    ),
+    Mutation(
+        "E35-the-object-scan-counts-only-the-layouts-blocks",
+        "the object tier's scan counts (and trims) every object below its prefix whose name ends in .bin",
+        [("    kvtier_entry(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block",
+          "    name.as_ref().ends_with(\".bin\") || fan_out.as_ref().is_empty() || shard.as_ref().is_empty()")],
+        TEST + ["-p", "kvtier", "--features", "object-store", "--test", "object_capacity", "the_scan_counts_and_deletes_only"],
+    ),
+    Mutation(
+        "F17-a-tool-refuses-a-directory-that-is-no-tier",
+        "kvtier trim scans and trims any directory it is pointed at, / included",
+        [("    if fs::symlink_metadata(&mark).is_ok_and(|m| m.is_file()) {", "    if true {")],
+        TEST + ["-p", "kvtier-cli", "--test", "trim", "trim_refuses_a_directory_that_is_not_a_tier"],
+    ),
+    Mutation(
+        "F18-emptied-directories-are-removed",
+        "an eviction leaves the shard and fan-out directories it emptied: du counts them past the budget",
+        [("    let shard = path.parent().filter(|shard| fs::remove_dir(shard).is_ok());",
+          "    let shard: Option<&Path> = None;")],
+        TEST + ["-p", "kvtier", "--test", "fs_directories", "ten_thousand_evictions_leave_no_directory_without_a_block"],
+    ),
+    Mutation(
+        "F21-a-scan-prunes-empty-layout-directories",
+        "a deleting scan walks past the layout's empty directories and leaves them",
+        [("                pruned += usize::from(prune && fs::remove_dir(&shard_path).is_ok());",
+          "                pruned += usize::from(prune && false);")],
+        TEST + ["-p", "kvtier", "--lib", "tier::tree"],
+    ),
+    Mutation(
+        "F19-a-store-whose-directory-was-removed-tries-again",
+        "a store fails when an eviction removes its (empty) directory between its mkdir and its create",
+        [("                if source.kind() == io::ErrorKind::NotFound && attempt < SHARD_RETRIES => {}",
+          "                if false => {}")],
+        TEST + ["-p", "kvtier", "--test", "fs_directories", "stores_into_directories_that_evictions_remove_meanwhile"],
+    ),
+    Mutation(
+        "F20-trim-fails-when-it-could-not-delete",
+        "kvtier trim exits 0 after files it meant to delete stayed",
+        [("    if report.failed > 0 {\n        let named", "    if false {\n        let named")],
+        TEST + ["-p", "kvtier-cli", "--test", "trim", "trim_names_what_it_could_not_delete_and_fails"],
+    ),
+    Mutation(
+        "N14-settings-are-checked-before-the-scan",
+        "kvtier.vllm.FsTier builds its transfers (whose startup scan trims) before its lookup checks its settings",
+        [("        lookup = Lookup.vllm_fs(\n            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout\n        )\n        try:",
+          "        try:"),
+         ("        except BaseException:\n            lookup.shutdown()\n            raise\n",
+          "        except BaseException:\n            raise\n        lookup = Lookup.vllm_fs(\n"
+          "            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout\n        )\n")],
+        in_vllm("own", "test_operators_in_vllm.py", "test_a_refused_configuration_deletes_nothing"),
+    ),
+    Mutation(
+        "N15-a-region-a-process-holds-is-kept",
+        "kvtier removes every offload region at start, a live engine's too",
+        [("        if path in held:\n            continue", "        if False:\n            continue")],
+        in_vllm("package", "test_regions.py", "test_only_regions_no_process_holds_are_removed"),
+    ),
+    Mutation(
+        "N16-only-this-users-regular-files",
+        "kvtier takes a link, a directory or another user's file named like a region for an offload region",
+        [("        if stat.S_ISREG(info.st_mode) and info.st_uid == uid:", "        if True:")],
+        in_vllm("package", "test_regions.py", "test_only_regions_no_process_holds_are_removed"),
+    ),
+    Mutation(
+        "N17-counters-report-their-increase",
+        "the figures report running totals as counter increases: /metrics counts every total again at each step",
+        [("            increase = total - self._reported.get(key, 0)", "            increase = total")],
+        in_vllm("own", "test_operators_in_vllm.py", "test_the_tiers_figures"),
+    ),
+    Mutation(
+        "K15-a-device-kv-cache-is-refused-with-the-alternative",
+        "the connector takes a KV cache on a device and fails later, in the native copier, without naming what to run",
+        [("        if tensor.device.type != \"cpu\":", "        if False:")],
+        in_vllm("own", "test_operators_in_vllm.py", "test_the_connector_refuses"),
     ),
 ]
 
@@ -1748,7 +1853,7 @@ GUARD_TAG = re.compile(r"^[ \t]*(?://|#) guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
 
 #: Where guard tags live: the library, the Python package's native module
 #: (Rust, `// guard:`) and its Python code (`# guard:`).
-GUARDED = ["src", os.path.join("python", "src"), os.path.join("python", "kvtier")]
+GUARDED = ["src", os.path.join("cli", "src"), os.path.join("python", "src"), os.path.join("python", "kvtier")]
 GUARDED_SUFFIXES = (".rs", ".py")
 
 

@@ -154,6 +154,39 @@ fn a_restart_keeps_the_newest_blocks_and_a_trim_lowers_the_budget() {
 }
 
 #[test]
+fn the_scan_counts_and_deletes_only_the_layouts_blocks() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    runtime().block_on(async {
+        let tier = ObjectTier::new(store.clone(), "ns").unwrap();
+        tier.store(&7u64, vec![0; 84]).await.unwrap();
+        // Objects whose names end in .bin, none where the layout puts one.
+        let foreign = [
+            "ns/photos/2024/holiday.bin",
+            "ns/firmware/boot.bin",
+            "ns/001/00/0000000000000007.bin",
+            "ns/000/00/0000000000000007.bin/extra.bin",
+            "ns/000/00/NOTHEX.bin",
+        ];
+        for name in foreign {
+            store
+                .put(&ObjectPath::from(name), PutPayload::from(vec![1u8; 100]))
+                .await
+                .unwrap();
+        }
+        assert_eq!((tier.usage().await.unwrap().blocks), 1);
+        let tier = budgeted(&store, 1).await;
+        assert_eq!(tier.scan_report().unwrap().blocks, 1);
+        assert_eq!(tier.trim(1).await.unwrap(), 1, "the one block");
+        for name in foreign {
+            assert!(
+                store.head(&ObjectPath::from(name)).await.is_ok(),
+                "{name} deleted"
+            );
+        }
+    });
+}
+
+#[test]
 fn an_object_removed_or_damaged_behind_the_tiers_back_leaves_the_books() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     runtime().block_on(async {

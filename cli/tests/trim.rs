@@ -176,6 +176,7 @@ fn trim_deletes_only_the_files_the_layout_writes() {
         "notes.bin.old.tmp",
         "000/00/notes.bin.old.tmp",
         "000/00/0000000000000008.bin.old.tmp",
+        "000/00/notes.bin.00000000000000aa.tmp",
         "001/00/0000000000000007.bin",
     ]
     .map(|relative| plant(&ns, relative));

@@ -8,7 +8,7 @@
 #   native   the same, and kvtier.vllm.FsTier in place of vLLM's fs tier
 #
 # then kvtier's own checks inside vLLM (test_kvtier_in_vllm.py,
-# test_cpu_tiering_in_vllm.py). Each run must pass every test; the counts
+# test_cpu_tiering_in_vllm.py, test_operators_in_vllm.py). Each run must pass every test; the counts
 # are printed. With --bench it also runs bench_vllm.py (set
 # KVTIER_VLLM_BENCH_ARGS for its arguments); with --e2e, the end-to-end
 # harness in real engine processes (e2e/e2e.py; KVTIER_E2E_ARGS for its
@@ -220,7 +220,8 @@ run_mode() {
 
 own_checks() {
     bounded 600 "$WORK/pytest-own.log" python/integration "$PY" -m pytest -q -p no:cacheprovider \
-        -o faulthandler_timeout=$FAULT test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py
+        -o faulthandler_timeout=$FAULT test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py \
+        test_operators_in_vllm.py
 }
 
 # vLLM's own connector tests that bear on a third-party connector (the

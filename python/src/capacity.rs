@@ -57,6 +57,7 @@ pub(crate) fn scan_dict<'py>(py: Python<'py>, report: &ScanReport) -> PyResult<B
     dict.set_item("bytes", report.bytes)?;
     dict.set_item("trimmed", report.trimmed)?;
     dict.set_item("swept", report.swept)?;
+    dict.set_item("failed", report.failed)?;
     dict.set_item("seconds", report.elapsed.as_secs_f64())?;
     Ok(dict)
 }
@@ -71,6 +72,7 @@ pub(crate) fn reconcile_dict<'py>(
     dict.set_item("forgotten", report.forgotten)?;
     dict.set_item("evicted", report.evicted)?;
     dict.set_item("swept", report.swept)?;
+    dict.set_item("failed", report.failed)?;
     dict.set_item("seconds", report.elapsed.as_secs_f64())?;
     Ok(dict)
 }

@@ -328,7 +328,7 @@ fn delete(path: &Path, report: Option<&mut ScanReport>) -> bool {
         Err(error) => {
             tracing::warn!(path = %path.display(), %error, "cannot delete a file of the tier");
             if let Some(report) = report {
-                report.failed_to_delete(path, &error);
+                report.failed_to_delete(path.display(), &error);
             }
             false
         }

@@ -65,12 +65,16 @@ impl ScanReport {
     /// How many failed deletions a report names (it counts them all).
     pub const FAILURES_KEPT: usize = 16;
 
-    /// Counts a deletion that failed, and names it while there is room.
-    #[cfg_attr(not(fs_tier), allow(dead_code))]
-    pub(crate) fn failed_to_delete(&mut self, path: &Path, error: &std::io::Error) {
+    /// Counts a deletion of `what` that failed, and names it while there
+    /// is room.
+    pub(crate) fn failed_to_delete(
+        &mut self,
+        what: impl std::fmt::Display,
+        error: impl std::fmt::Display,
+    ) {
         self.failed += 1;
         if self.failures.len() < Self::FAILURES_KEPT {
-            self.failures.push(format!("{}: {error}", path.display()));
+            self.failures.push(format!("{what}: {error}"));
         }
     }
 }

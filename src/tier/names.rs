@@ -94,12 +94,12 @@ fn is_kvtier_block(fan_out: &str, shard: &str, name: &str) -> bool {
     let Some(digits) = name.strip_suffix(".bin") else {
         return false;
     };
-    // guard: F16-only-the-layouts-blocks-are-counted
     if !is_lower_hex(digits) {
         return false;
     }
     let mut path = String::with_capacity(name.len() + 8);
     push_block_path(&Digits(digits), &mut path);
+    // guard: F16-only-the-layouts-blocks-are-counted
     path.split('/').eq([fan_out, shard, name])
 }
 
@@ -130,6 +130,8 @@ mod tests {
             ("abc", "de", "abcdef.bin.00000000000000AA.tmp", Foreign),
             ("abc", "de", "abcdef.bin.0000000000000aa.tmp", Foreign),
             ("abc", "de", "abcdef.bin.old.tmp", Foreign),
+            ("abc", "de", "abddef.bin.00000000000000aa.tmp", Foreign),
+            ("abc", "de", "notes.bin.00000000000000aa.tmp", Foreign),
             ("abd", "de", "abcdef.bin", Foreign),
             ("abc", "df", "abcdef.bin", Foreign),
             ("abc", "de", "ABCDEF.bin", Foreign),

@@ -63,7 +63,7 @@ impl ObjectBudget {
             bytes: seeded.resident_bytes,
             ..ScanReport::default()
         };
-        report.trimmed = delete_all(store, ledger.victims(victims)).await as u64;
+        report.trimmed = delete_all(store, ledger.victims(victims), Some(&mut report)).await as u64;
         report.elapsed = started.elapsed();
         Ok(Self { ledger, report })
     }
@@ -105,7 +105,7 @@ impl ObjectBudget {
                     self.ledger.lose(location);
                 }
                 Reserved::Evict(victims) => {
-                    delete_all(store, victims).await;
+                    delete_all(store, victims, None).await;
                 }
             }
         }
@@ -124,7 +124,7 @@ impl ObjectBudget {
     /// returns how many were deleted.
     pub(crate) async fn trim(&self, store: &dyn ObjectStore, capacity: u64) -> usize {
         let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
-        delete_all(store, self.ledger.victims(victims)).await
+        delete_all(store, self.ledger.victims(victims), None).await
     }
 }
 
@@ -177,13 +177,21 @@ pub(crate) async fn usage(
 
 /// Deletes every victim (a missing object counts as deleted) and reports
 /// each; returns how many are gone. Dropped mid-way, the rest are reported
-/// as not deleted.
-async fn delete_all(store: &dyn ObjectStore, mut victims: Victims<ObjectPath>) -> usize {
+/// as not deleted. A deletion that fails is logged, and counted and named
+/// in `report` when given.
+async fn delete_all(
+    store: &dyn ObjectStore,
+    mut victims: Victims<ObjectPath>,
+    mut report: Option<&mut ScanReport>,
+) -> usize {
     while let Some(location) = victims.next().cloned() {
         let gone = match store.delete(&location).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
             Err(error) => {
                 tracing::warn!(%location, %error, "an evicted block could not be deleted");
+                if let Some(report) = report.as_deref_mut() {
+                    report.failed_to_delete(&location, &error);
+                }
                 false
             }
         };

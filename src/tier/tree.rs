@@ -172,7 +172,7 @@ pub(crate) fn walk(
             let shard_path = shard.path();
             let files = children(&shard_path)?;
             if files.is_empty() {
-                // guard: F18-emptied-directories-are-removed
+                // guard: F21-a-scan-prunes-empty-layout-directories
                 pruned += usize::from(prune && fs::remove_dir(&shard_path).is_ok());
                 continue;
             }

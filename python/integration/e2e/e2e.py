@@ -28,6 +28,10 @@ and once with vLLM's own fs tier (the control). What it checks:
 - a byte budget below the working set (``"capacity_bytes"``), through
   tiering and through the connector: the outputs equal, and the tier's
   files stay within the budget at every sample (``e2e_capacity.py``);
+- the README's server recipes behind a real OpenAI client, stopped by
+  SIGTERM with the recipe's timeout and in vLLM's default mode, restarted:
+  texts equal, prompt tokens from the tier, kvtier's figures on /metrics,
+  no kvtier frame in any traceback, /dev/shm clean (``e2e_server.py``);
 - every clean run: no ``Traceback`` or ``BufferError`` in any engine
   process's output (vLLM's own chat-template warmup warning, which every
   engine started with ``skip_tokenizer_init`` prints, is the one record
@@ -64,7 +68,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity")
+SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity", "server")
 #: Tokens per prompt: 18 blocks of 32.
 PROMPT_TOKENS = 576
 PROMPTS = 6
@@ -547,6 +551,12 @@ def main() -> int:
             e2e_capacity.tiering(harness)
             print("capacity: the connector under pressure with a budget", flush=True)
             e2e_capacity.connector(harness)
+        if "server" in scenarios:
+            sys.modules.setdefault("e2e", sys.modules[__name__])
+            import e2e_server
+
+            print("server: the README's recipes behind an OpenAI client, SIGTERM both ways", flush=True)
+            e2e_server.run(harness)
     except CheckFailed as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1

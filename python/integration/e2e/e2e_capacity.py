@@ -22,6 +22,16 @@ listed, so every file a sample counts existed when its stats began, and
 the sum is bytes that were on disk together. Block files and temporary
 files both count (vLLM's run config, a few hundred bytes, does not: the
 budget is of blocks).
+
+Each sample also runs ``du -sb`` on the tier's root, what a disk quota or
+a Kubernetes ``emptyDir`` ``sizeLimit`` counts: the files and the
+directories. It stays within the budget plus ``directory_slack``: a block
+lives two directories down (a fan-out and a shard), so at most two
+directories per resident block, plus the root's own few (the root, vLLM's
+base directory with its run config, the rank directory), each the size the
+file system gives a directory (4 KiB on ext4). Deletions take the
+directories they empty with them: without that, the directories of every
+block ever stored stay, and ``du`` grows past any budget.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import threading
 from typing import TYPE_CHECKING
 
@@ -74,18 +85,46 @@ def usage(root: str) -> int:
     return total
 
 
+def du(root: str) -> int:
+    """``du -sb`` of ``root``: apparent bytes of its files and directories
+    (a file deleted while du runs is skipped; its complaint is ignored)."""
+    done = subprocess.run(["du", "-sb", root], capture_output=True, text=True)
+    return int(done.stdout.split()[0]) if done.stdout else 0
+
+
+#: Directories a sample may catch between a victim's deletion and the
+#: removal of the directories it emptied (microseconds each): eight
+#: evictions under way at once.
+DELETING_DIRECTORIES = 16
+
+
+def directory_slack(root: str, blocks: int) -> int:
+    """What ``du -sb`` may count beyond the blocks' bytes (see the module's
+    docs): two directories per resident block, the root's own few (the
+    root, vLLM's base directory, the rank directory, and one to spare),
+    those of evictions under way, and vLLM's run config."""
+    directory = os.stat(root).st_size
+    return (2 * blocks + 4 + DELETING_DIRECTORIES) * directory + 4096
+
+
 class Sampler:
-    """Samples ``usage(root)`` every ``PERIOD`` while an engine runs."""
+    """Samples ``usage(root)`` and ``du -sb`` every ``PERIOD`` while an
+    engine runs."""
 
     def __init__(self, root) -> None:
-        self.root, self.samples, self.peak = str(root), 0, 0
+        self.root, self.samples, self.peak, self.du_peak = str(root), 0, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        self.peak = max(self.peak, usage(self.root))
+        if os.path.isdir(self.root):
+            self.du_peak = max(self.du_peak, du(self.root))
+        self.samples += 1
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, usage(self.root))
-            self.samples += 1
+            self._sample()
             self._stop.wait(PERIOD)
 
     def __enter__(self) -> "Sampler":
@@ -95,8 +134,7 @@ class Sampler:
     def __exit__(self, *_) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, usage(self.root))
-        self.samples += 1
+        self._sample()
 
 
 def _within(name: str, sampler: Sampler, slack: int = 0) -> None:
@@ -105,6 +143,13 @@ def _within(name: str, sampler: Sampler, slack: int = 0) -> None:
         sampler.peak <= CAPACITY + slack,
         f"{name}: {sampler.peak} bytes of block files on disk, over the {CAPACITY}-byte budget "
         f"(+{slack} tolerated)",
+    )
+    blocks = CAPACITY_BLOCKS + slack // BLOCK_BYTES
+    allowed = CAPACITY + slack + directory_slack(sampler.root, blocks)
+    check(
+        sampler.du_peak <= allowed,
+        f"{name}: du -sb read {sampler.du_peak} bytes, over the {CAPACITY}-byte budget plus "
+        f"{allowed - CAPACITY} for directories",
     )
 
 
@@ -182,7 +227,8 @@ def tiering(h: "Harness") -> None:
         f"capacity: a {CAPACITY_BLOCKS}-block budget for {PROMPTS * PROMPT_TOKENS // 32} prompt blocks; "
         f"{stored} blocks on disk after engines 1a and 1b; process 2 loaded {loaded} and computed {computed} "
         f"prompt tokens; peak bytes {first_usage.peak} (two engines sharing, {CAPACITY} + {slack} tolerated) "
-        f"and {second_usage.peak} of {CAPACITY} ({first_usage.samples + second_usage.samples} samples)"
+        f"and {second_usage.peak} of {CAPACITY} ({first_usage.samples + second_usage.samples} samples); "
+        f"du -sb peaks {first_usage.du_peak} and {second_usage.du_peak}"
     )
 
 
@@ -202,5 +248,5 @@ def connector(h: "Harness") -> None:
     check(0 < stored <= CAPACITY_BLOCKS, f"capacity connector: {stored} blocks on disk")
     h.notes.append(
         f"capacity connector: {stored} blocks on disk under a {CAPACITY_BLOCKS}-block budget, "
-        f"peak {sampled.peak} bytes ({sampled.samples} samples)"
+        f"peak {sampled.peak} bytes, du -sb peak {sampled.du_peak} ({sampled.samples} samples)"
     )

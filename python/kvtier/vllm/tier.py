@@ -266,6 +266,12 @@ class FsTier(SecondaryTierManager):
                 report["swept"],
                 report["seconds"],
             )
+            if report["failed"]:
+                logger.warning(
+                    "tier %r: %d files the startup scan meant to delete could not be deleted: they stay on disk",
+                    tier_type,
+                    report["failed"],
+                )
         elif stale_temp_age is not None:
             self._transfers.sweep_stale_temps(stale_temp_age)
         # guard: N3-the-native-lookup-answers-vllms-verdicts
