@@ -172,8 +172,8 @@ fn mutation_ids(mutants: &str) -> Vec<String> {
 }
 
 /// Every mutation is anchored on a `// guard: <id>` tag in the library (or
-/// the Python package's native module, or `# guard: <id>` in its Python
-/// code), and
+/// the command line's code, the Python package's native module, or
+/// `# guard: <id>` in its Python code), and
 /// every tag belongs to a mutation: a guard nobody mutates is a claim with
 /// no check behind it, and a mutation without its tag cannot run.
 #[test]
@@ -181,6 +181,7 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
     let root = root();
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("cli/src"), &mut files);
     rust_files(&root.join("python/src"), &mut files);
     source_files(&root.join("python/kvtier"), "py", &mut files);
     let mut tags = std::collections::BTreeSet::new();

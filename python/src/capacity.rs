@@ -72,7 +72,6 @@ pub(crate) fn reconcile_dict<'py>(
     dict.set_item("forgotten", report.forgotten)?;
     dict.set_item("evicted", report.evicted)?;
     dict.set_item("swept", report.swept)?;
-    dict.set_item("failed", report.failed)?;
     dict.set_item("seconds", report.elapsed.as_secs_f64())?;
     Ok(dict)
 }
