@@ -1834,6 +1834,12 @@ MUTATIONS = [
         [("        if tensor.device.type != \"cpu\":", "        if False:")],
         in_vllm("own", "test_operators_in_vllm.py", "test_the_connector_refuses"),
     ),
+    Mutation(
+        "K16-the-connector-is-registered-for-multiconnectors-stats",
+        "kvtier's connector is not in vLLM's connector registry: under MultiConnector the engine's stats logger raises at the first stats and ends the engine",
+        [("        KVConnectorFactory.register_connector(cls.__name__, cls.__module__, cls.__name__)", "        pass")],
+        in_vllm("own", "test_operators_in_vllm.py", "test_multiconnector_rebuilds"),
+    ),
 ]
 
 

@@ -201,6 +201,23 @@ def test_the_connectors_prom_metrics_export_its_figures():
     assert "vllm:other" not in text
 
 
+class ShadowStorageConnector(StorageConnector):
+    """A subclass, as a wrapper of kvtier's connector would be."""
+
+
+def test_multiconnector_rebuilds_the_connectors_stats_by_its_name():
+    """MultiConnector looks each inner connector's stats class up by the
+    class's name; kvtier's connector, loaded by module path, and its
+    subclasses are in vLLM's registry once their module is imported."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    payload = {"types": {PREFIX + "store_bytes_total": "counter"},
+               "data": {PREFIX + "store_bytes_total": {("connector_r0",): 4096}}}
+    for name in ("StorageConnector", "ShadowStorageConnector"):
+        stats = MultiConnector.build_kv_connector_stats({name: payload})
+        assert stats is not None and stats.data[name].data == payload, name
+
+
 def test_the_connector_refuses_a_kv_cache_on_a_device_and_names_the_alternative():
     _refuse_device_caches({"model.layers.0.attn": torch.zeros(4)})
     with pytest.raises(kvtier.ConfigError, match="OffloadingConnector") as refused:

@@ -77,6 +77,7 @@ import logging
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -158,8 +159,30 @@ def _refuse_device_caches(kv_caches: dict[str, "torch.Tensor"]) -> None:
             )
 
 
+def _register(cls: type) -> None:
+    """Registers ``cls`` in vLLM's connector registry under its class name.
+
+    vLLM's ``MultiConnector`` rebuilds each inner connector's stats by that
+    name (``KVConnectorFactory.get_connector_class_by_name``), in the
+    process that logs them; a connector loaded by ``module_path`` is not in
+    the registry, and the lookup raised there at the first stats, ending
+    the engine. Every process that builds the engine's metrics imports this
+    module first (``MultiConnector.build_prom_metrics`` loads each inner
+    connector's class), so registering at class creation is enough. A name
+    vLLM already knows is left to vLLM."""
+    try:
+        # guard: K16-the-connector-is-registered-for-multiconnectors-stats
+        KVConnectorFactory.register_connector(cls.__name__, cls.__module__, cls.__name__)
+    except ValueError:
+        pass  # registered already
+
+
 class StorageConnector(KVConnectorBase_V1, SupportsHMA):
     """kvtier's storage connector for vLLM (see the module's docs)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _register(cls)
 
     def __init__(
         self,
@@ -307,3 +330,6 @@ class StorageConnector(KVConnectorBase_V1, SupportsHMA):
             return self._scheduler.stats()
         assert self._worker is not None
         return self._worker.stats()
+
+
+_register(StorageConnector)
