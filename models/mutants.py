@@ -2299,7 +2299,9 @@ def main():
         selected = [m for m in selected if not m.id.startswith(("P", "N", "K"))]
     if not selected:
         sys.exit(f"no mutation id starts with {prefixes}")
-    if any(m.id.startswith("P") for m in selected):
+    # The P mutations' checks, and any other whose check builds the module
+    # into the scratch venv (C4's), need that venv.
+    if any(m.id.startswith("P") or PY_VENV in " ".join(m.check) for m in selected):
         ensure_py_venv()
     tree = sync_scratch()
     fingerprints = {m.id: fingerprint(m, tree) for m in selected} if record else {}
