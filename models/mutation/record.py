@@ -1,0 +1,58 @@
+"""The record of caught mutations and what CI runs from it: every mutation
+whose key (keys.py) is not the recorded one, and a fixed sample
+(docs/verification.md, "Mutations in CI")."""
+
+import json
+import os
+import subprocess
+import time
+
+from . import keys
+from .defs import ROOT, portable
+
+#: The keys of the mutations of the last recorded runs, by id.
+RECORD = os.path.join(ROOT, "models", "mutants-record.json")
+#: The fixed sample: every SAMPLE_EVERY-th mutation in registry order.
+SAMPLE_EVERY = 13
+CHANGED = "changed since the recorded run"
+
+
+def key(mutation, tree, read=None):
+    return keys.key(mutation, tree, portable(mutation.check), read)
+
+
+def ci_selection(mutations, record, tree, read=None, every=None):
+    """[(mutation, why)] CI runs: every mutation whose key is not the
+    recorded one (its guard, its check or the mutation changed, or it is
+    new), and every SAMPLE_EVERY-th one of `every` (the registry)."""
+    every = every if every is not None else mutations
+    position = {m.id: i for i, m in enumerate(every)}
+    read = read or keys._reader(tree)
+    chosen = []
+    for mutation in mutations:
+        if record.get(mutation.id) != key(mutation, tree, read):
+            chosen.append((mutation, CHANGED))
+        elif position.get(mutation.id, 0) % SAMPLE_EVERY == 0:
+            chosen.append((mutation, "fixed sample"))
+    return chosen
+
+
+def read_record(path=RECORD):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)["keys"]
+
+
+def write_record(new_keys, path=RECORD):
+    """Adds `new_keys` (of mutations caught just now, taken of the tree
+    they were run in before the run) to the record."""
+    record = read_record(path)
+    record.update(new_keys)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    data = {"recorded_at_commit": commit, "recorded": time.strftime("%Y-%m-%d"),
+            "keyed_by": "models/mutation/keys.py", "keys": dict(sorted(record.items()))}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    print(f"recorded {len(new_keys)} keys in {os.path.relpath(path, ROOT)}")
