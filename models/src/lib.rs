@@ -20,7 +20,7 @@
 //! - [`save_reference`], [`save_scripted`], [`save_lockstep`]: the same
 //!   for deferred save completion — its specification, a deterministic store
 //!   whose log witnesses S1–S6, and the real halves run against both.
-//! - [`capacity_reference`]: the capacity protocol (reservations, pins,
+//! - [`capacity_reference`], [`capacity_lockstep`]: the capacity protocol (reservations, pins,
 //!   eviction) as a specification, and the real ledger in lockstep with it.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
@@ -36,6 +36,7 @@
 //!   `tests/shuttle_*.rs` (`--cfg kvtier_shuttle`): the real threaded driver
 //!   under the model checkers.
 
+pub mod capacity_lockstep;
 pub mod capacity_reference;
 pub mod checked;
 #[cfg(not(kvtier_loom))]
@@ -48,6 +49,7 @@ pub mod fuzzing;
 pub mod lockstep;
 pub mod protocol;
 pub mod reference;
+pub mod save_ending;
 pub mod save_lockstep;
 pub mod save_reference;
 pub mod save_scripted;

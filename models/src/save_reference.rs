@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier::{save::CompletionMode, save::SaveStats, save::SchedulerSaveStats};
 
-use crate::save_scripted::Ending;
+use crate::save_ending::Ending;
 
 /// A request id.
 pub type Rid = u64;

@@ -8,28 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::rc::Rc;
 
-use arbitrary::Arbitrary;
 use kvtier::{StoreTask, save::TaskError};
 
+pub use crate::save_ending::Ending;
 use crate::save_reference::Rid;
 use crate::scripted::ScriptedPanic;
-
-/// How a scripted task's `wait` (or `check`) ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
-pub enum Ending {
-    /// Success.
-    Ok,
-    /// `TaskError::Failed`.
-    Fails,
-    /// `TaskError::TimedOut`.
-    TimesOut,
-    /// `TaskError::Abandoned`.
-    Abandoned,
-    /// `wait` panics.
-    PanicsInWait,
-    /// `check` panics (its `wait` succeeds).
-    PanicsInCheck,
-}
 
 /// What the store saw.
 #[derive(Debug, Default)]

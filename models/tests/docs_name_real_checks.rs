@@ -163,7 +163,11 @@ fn the_scan_recognises_names_and_ids() {
 fn catalogue(root: &std::path::Path) -> String {
     let mut files = Vec::new();
     source_files(&root.join("models/mutation/catalogue"), "py", &mut files);
-    assert!(files.len() > 3, "found only {} catalogue files", files.len());
+    assert!(
+        files.len() > 3,
+        "found only {} catalogue files",
+        files.len()
+    );
     files
         .iter()
         .map(|file| std::fs::read_to_string(file).unwrap())

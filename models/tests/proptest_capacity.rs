@@ -9,7 +9,8 @@
 //! more cases: `PROPTEST_CASES=100000`.
 
 use kvtier::capacity::Policy;
-use kvtier_models::capacity_reference::{CapacityLockstep, CapacityOp};
+use kvtier_models::capacity_lockstep::CapacityLockstep;
+use kvtier_models::capacity_reference::CapacityOp;
 use proptest::prelude::*;
 
 const KEYS: u8 = 12;

@@ -8,20 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::errors::guard;
-use crate::lookup::{Key, PyLookup};
-
-/// A read-only view of a `Lookup`'s table (after `shutdown`, of the table
-/// it left).
-#[pyclass(module = "kvtier._native", name = "LookupInspector", frozen)]
-pub(crate) struct LookupInspector {
-    lookup: Py<PyLookup>,
-}
-
-impl LookupInspector {
-    pub(crate) fn new(lookup: Py<PyLookup>) -> Self {
-        Self { lookup }
-    }
-}
+use crate::lookup::LookupInspector;
+use crate::probers::Key;
 
 /// What `key_state` answers: `(generation, phase, found, requesters)`.
 type KeyState = (u64, &'static str, Option<bool>, usize);

@@ -20,11 +20,15 @@
 
 use pyo3::prelude::*;
 
+mod args;
 mod capacity;
 mod copier;
 mod errors;
 mod inspect;
+mod live;
 mod lookup;
+mod probers;
+mod request;
 mod save;
 mod slot;
 mod transfers;
@@ -39,7 +43,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     lookup::register(module)?;
     save::register(module)?;
     transfers::register(module)?;
-    module.add_class::<inspect::LookupInspector>()?;
+    module.add_class::<lookup::LookupInspector>()?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

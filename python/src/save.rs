@@ -15,7 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use crate::errors::{
     KvtierError, ReportError as PyReportError, config, guard, step_error, wire_error,
 };
-use crate::lookup::request_id;
+use crate::request::request_id;
 use crate::slot::{Owned, lend};
 
 /// A save a Python store runs: any object with a non-blocking `done()`

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::hash::Hash;
 
 use super::changes::ChangeLog;
+use super::listings::Listings;
 use super::policy::{Order, Policy};
-use super::reconcile::Listings;
 use super::stats::CapacityStats;
 
 /// Why a store gets no room.

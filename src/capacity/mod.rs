@@ -64,8 +64,10 @@
 mod audit;
 mod changes;
 mod ledger;
+mod listings;
 mod policy;
 mod reconcile;
+mod recording;
 mod shared;
 mod stats;
 
@@ -73,8 +75,9 @@ pub use changes::MAX_CHANGES;
 pub use ledger::{
     Admission, CapacityLedger, Cause, LedgerError, Pin, Rejection, Reservation, Victim,
 };
+pub use listings::Listing;
 pub use policy::Policy;
-pub use reconcile::{Listing, Reconciled};
+pub use reconcile::Reconciled;
 pub use shared::{ADMIT_ROUNDS, Admitted, PinGuard, Reserved, SharedLedger, Victims, WriteGuard};
 pub use stats::CapacityStats;
 

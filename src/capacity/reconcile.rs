@@ -29,35 +29,11 @@
 //! Forgetting too much only under-counts what another process still
 //! counts; the rule above keeps a process from forgetting its own blocks.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::Hash;
 
 use super::ledger::{CapacityLedger, Cause, Entry, State, Victim};
-
-/// The ledger's mark taken before a directory listing, for
-/// [`reconcile`](CapacityLedger::reconcile).
-#[derive(Debug, PartialEq, Eq)]
-#[must_use = "a listing is passed to reconcile, or abandoned"]
-pub struct Listing {
-    mark: u64,
-}
-
-/// The listings under way (their marks, counted) and, while any is, the
-/// blocks that left the books with the clock when they did.
-#[derive(Debug)]
-pub(super) struct Listings<K> {
-    open: BTreeMap<u64, usize>,
-    departed: HashMap<K, u64>,
-}
-
-impl<K> Default for Listings<K> {
-    fn default() -> Self {
-        Self {
-            open: BTreeMap::new(),
-            departed: HashMap::new(),
-        }
-    }
-}
+use super::listings::Listing;
 
 /// What a [`reconcile`](CapacityLedger::reconcile) changed.
 #[derive(Debug)]

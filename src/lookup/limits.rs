@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::scheduler::LookupError;
+use super::error::LookupError;
 
 /// Bounds on a lookup: a pending budget (deadline) and admission limits.
 ///

@@ -17,6 +17,7 @@
 //! See `docs/design.md` for the state machine and the invariants L1–L15.
 
 mod backend;
+mod error;
 mod limits;
 mod scheduler;
 mod stats;
@@ -30,8 +31,9 @@ mod verdict_clock;
 
 pub use crate::invariant::InvariantViolation;
 pub use backend::Backend;
+pub use error::LookupError;
 pub use limits::LookupLimits;
-pub use scheduler::{Lookup, LookupError, Prober, Publisher, Refused, ShutdownError};
+pub use scheduler::{Lookup, Prober, Publisher, Refused, ShutdownError};
 pub use stats::LookupStats;
 pub use submission::{Group, GroupOutcome, GroupResult, Submission};
 pub use table::LookupTable;

@@ -7,7 +7,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, probe_and_publish};
-use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
+use super::error::LookupError;
+use super::scheduler::{Lookup, Prober, Publisher, Refused};
 use super::submission::Submission;
 use super::types::Request;
 use crate::fault::take_panic;

@@ -14,7 +14,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::plan::{Copy, CopyLayout, Direction, PlanError, Transfer};
-use crate::SaveTracker;
+use crate::save::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};

@@ -9,11 +9,13 @@
 
 mod completion;
 mod compose;
+mod ending;
 mod ledger;
 mod report;
 mod running;
 mod scheduler;
 mod stats;
+mod step_error;
 mod task;
 mod tracker;
 pub mod wire;
@@ -24,5 +26,6 @@ pub use compose::{MultiConnector, SchedulerConnector, WorkerConnector};
 pub use report::{Report, ReportAggregator, ReportError, WorkerReport};
 pub use scheduler::{SaveScheduler, SaveStep, SchedulerSaveStats};
 pub use stats::{SaveLatency, SaveStats};
+pub use step_error::StepError;
 pub use task::{Interrupted, SaveOutcome, StoreTask, TaskError, TaskId};
-pub use tracker::{CompletionMode, SaveTracker, StepError};
+pub use tracker::{CompletionMode, SaveTracker};

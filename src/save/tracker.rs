@@ -7,10 +7,12 @@ use std::mem;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 
-use super::ledger::{Check, Closed, Closing, Ended, SaveLedger};
+use super::ending::{Check, Closed, Closing, Ended};
+use super::ledger::SaveLedger;
 use super::report::WorkerReport;
 use super::scheduler::SaveStep;
 use super::stats::{SaveLatency, SaveStats};
+use super::step_error::StepError;
 use super::task::{Interrupted, SaveOutcome, StoreTask, TaskId};
 use crate::fault::take_panic;
 use crate::invariant::InvariantViolation;
@@ -27,38 +29,6 @@ pub enum CompletionMode {
     /// Wait for the tasks of the finished requests, then report them all (the
     /// reference behaviour; `get_finished` blocks on the store).
     Blocking,
-}
-
-/// Why [`SaveTracker::begin_step`] refused a step. A refused step changes
-/// nothing: the tracker still expects the step it expected before, so a
-/// step that arrived early can be offered again once the missing ones came.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StepError {
-    /// Steps before this one never arrived: taking it would lose their saving
-    /// requests, whose blocks the scheduler then keeps until they are
-    /// reported — which this worker could never do.
-    #[error("step {got} arrived while step {expected} was due: {} step(s) missing", got - expected)]
-    Skipped {
-        /// The step the tracker expected.
-        expected: u64,
-        /// The step offered.
-        got: u64,
-    },
-    /// The step was already taken (a step sent twice, or an old one replayed).
-    #[error("step {got} arrived again (step {expected} was due)")]
-    Repeated {
-        /// The step the tracker expected.
-        expected: u64,
-        /// The step offered.
-        got: u64,
-    },
-    /// A wait at the step's preemption fence was interrupted (see
-    /// [`Interrupted`]): the fence did not pass and the step was not taken;
-    /// [`SaveTracker::take_interruption`] has the cause. Offer the step
-    /// again to retry.
-    #[error("the preemption fence was interrupted; the step was not taken")]
-    Interrupted,
 }
 
 /// One worker's deferred save completion.
@@ -517,119 +487,4 @@ impl<R, T> Drop for SaveTracker<R, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fault::logged;
-    use crate::save::scheduler::SaveScheduler;
-    use crate::save::task::TaskError;
-
-    /// A task that is complete at once and ends as given.
-    struct Ends(Result<(), &'static str>);
-
-    impl StoreTask for Ends {
-        fn check(&self) -> bool {
-            true
-        }
-
-        fn wait(self) -> Result<(), TaskError> {
-            self.0.map_err(TaskError::failed)
-        }
-    }
-
-    fn tracker_of(requests: &[u64]) -> SaveTracker<u64, Ends> {
-        let mut tracker = SaveTracker::new();
-        tracker
-            .begin_step(&SaveScheduler::new().record_step(requests.iter().map(|r| (*r, 1))))
-            .expect("steps in sequence");
-        tracker
-    }
-
-    #[test]
-    fn the_mode_is_kept_and_poll_counts_what_it_reaped() {
-        assert_eq!(
-            SaveTracker::<u64, Ends>::new().mode(),
-            CompletionMode::NonBlocking
-        );
-        let mut tracker = SaveTracker::with_mode(CompletionMode::Blocking);
-        assert_eq!(tracker.mode(), CompletionMode::Blocking);
-        tracker
-            .begin_step(&SaveScheduler::new().record_step([(1u64, 1)]))
-            .expect("steps in sequence");
-        tracker.submit(Ends(Ok(())), &[1]);
-        tracker.submit(Ends(Ok(())), &[1]);
-        assert_eq!(tracker.poll(), 2);
-        assert_eq!(tracker.poll(), 0);
-    }
-
-    #[test]
-    fn a_refused_submission_and_a_failed_save_are_logged_and_a_clean_one_is_not() {
-        let mut tracker = tracker_of(&[1, 2]);
-        let ((), log) = logged(|| {
-            tracker.submit(Ends(Ok(())), &[1]);
-            tracker.poll();
-        });
-        assert_eq!(log, "");
-
-        let ((), log) = logged(|| tracker.submit_failed(&[1], "queue full"));
-        assert!(
-            log.contains("WARN") && log.contains("refused") && log.contains("queue full"),
-            "{log}"
-        );
-
-        let (_, log) = logged(|| {
-            tracker.submit(Ends(Err("disk full")), &[2]);
-            tracker.get_finished(&[2])
-        });
-        assert!(log.contains("WARN") && log.contains("disk full"), "{log}");
-    }
-
-    #[test]
-    fn a_panicking_check_and_wait_are_logged_as_errors() {
-        struct Panics;
-        impl StoreTask for Panics {
-            fn check(&self) -> bool {
-                panic!("check exploded")
-            }
-            fn wait(self) -> Result<(), TaskError> {
-                panic!("wait exploded")
-            }
-        }
-        let mut tracker = SaveTracker::new();
-        tracker
-            .begin_step(&SaveScheduler::new().record_step([(1u64, 1)]))
-            .expect("steps in sequence");
-        tracker.submit(Panics, &[1]);
-        let (reported, log) = logged(|| tracker.get_finished(&[1]));
-        assert!(reported.is_empty(), "a non-blocking call never waits");
-        assert!(
-            log.contains("ERROR") && log.contains("check exploded"),
-            "{log}"
-        );
-        let (reported, log) = logged(|| tracker.get_finished(&[]));
-        assert!(reported.is_empty());
-        assert!(!log.contains("check exploded"), "logged once: {log}");
-        let (reported, log) = logged(|| tracker.wait_all());
-        assert_eq!(reported, vec![1]);
-        assert!(log.contains("wait exploded"), "{log}");
-        assert_eq!(tracker.stats().task_panics, 2);
-    }
-
-    #[test]
-    fn dropping_a_tracker_with_running_tasks_warns_and_an_idle_one_does_not() {
-        struct Running;
-        impl StoreTask for Running {
-            fn check(&self) -> bool {
-                false
-            }
-            fn wait(self) -> Result<(), TaskError> {
-                Ok(())
-            }
-        }
-        let ((), log) = logged(|| drop(SaveTracker::<u64, Running>::new()));
-        assert_eq!(log, "");
-        let mut tracker = SaveTracker::new();
-        tracker.submit(Running, &[1]);
-        let ((), log) = logged(|| drop(tracker));
-        assert!(log.contains("WARN") && log.contains("wait_all"), "{log}");
-    }
-}
+mod tests;

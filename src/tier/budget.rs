@@ -19,9 +19,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::error::{ReconcileReport, ScanReport, TierError};
 use super::names::Entry;
 use super::tree::{BlockLayout, remove_block, walk};
-use super::{ReconcileReport, ScanReport, TierError};
 use crate::capacity::{Admitted, CapacityStats, PinGuard, Policy, SharedLedger};
 use crate::capacity::{Rejection, WriteGuard};
 

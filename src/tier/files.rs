@@ -8,9 +8,16 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::TierError;
+use super::error::TierError;
 use super::format::{self, Corruption, HEADER_LEN};
-use super::fs::MAX_NAME;
+
+/// What a temporary name adds to a block's name: `.<16 hex digits>.tmp`.
+const TEMP_SUFFIX: usize = 1 + 16 + 4;
+
+/// The longest block file name a tier reads or writes: its temporary name
+/// must still fit the 255-byte name limit of common file systems. Keys of
+/// up to 115 bytes (230 hex digits, `.bin`) fit.
+pub(crate) const MAX_NAME: usize = 255 - TEMP_SUFFIX;
 
 /// Joins block names to the tier's directory in one reused buffer.
 pub(super) struct PathWriter<'a> {

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::TierError;
 use super::budget::DirBudget;
+use super::error::TierError;
+use super::error::{ReconcileReport, ScanReport};
 #[cfg(tokio_driver)]
 use super::files::stat_blocking;
 use super::files::{
@@ -20,21 +21,13 @@ use super::pool::IoPool;
 use super::rescan::Rescanner;
 use super::save::{SaveTask, finish};
 use super::tree::{BlockLayout, create_temp_in_shard, mark_kvtier_tier, remove_block, walk};
-use super::{ReconcileReport, ScanReport};
 use crate::capacity::CapacityStats;
 use crate::lookup::Backend;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
+use super::files::MAX_NAME;
 pub use super::fs_options::FsOptions;
-
-/// What a temporary name adds to a block's name: `.<16 hex digits>.tmp`.
-const TEMP_SUFFIX: usize = 1 + 16 + 4;
-
-/// The longest block file name a tier reads or writes: its temporary name
-/// must still fit the 255-byte name limit of common file systems. Keys of
-/// up to 115 bytes (230 hex digits, `.bin`) fit.
-pub(crate) const MAX_NAME: usize = 255 - TEMP_SUFFIX;
 
 struct Inner {
     budget: Option<DirBudget>,

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use super::error::TierError;
 #[cfg(doc)]
-use super::FsTier;
-use super::MAX_IO_THREADS;
-use super::TierError;
+use super::fs::FsTier;
+use super::limits::MAX_IO_THREADS;
 use crate::capacity::Policy;
 
 /// Settings of an [`FsTier`]. Start from `FsOptions::default()` and change

@@ -6,12 +6,13 @@ use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use super::error::{ScanReport, TierError};
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
 use super::object_budget::ObjectBudget;
+use super::objects::{head, put, store_error};
 use super::s3::S3Options;
 use super::save::{SaveTask, finish};
-use super::{ScanReport, TierError};
 use crate::capacity::{CapacityStats, Policy};
 use crate::lookup::AsyncBackend;
 use crate::sync::Arc;
@@ -410,29 +411,6 @@ impl ObjectTier {
     }
 }
 
-pub(super) async fn head(
-    store: &dyn ObjectStore,
-    location: &ObjectPath,
-) -> Result<bool, TierError> {
-    match store.head(location).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(error) => Err(store_error("head", location, error)),
-    }
-}
-
-async fn put(
-    store: &dyn ObjectStore,
-    location: &ObjectPath,
-    payload: &[u8],
-) -> Result<(), TierError> {
-    store
-        .put(location, format::encode(payload).into())
-        .await
-        .map(drop)
-        .map_err(|error| store_error("put", location, error))
-}
-
 /// A `put` under `budget` (if any): room first (deleting victims), then
 /// the object; the room is committed when the `put` succeeded and given
 /// back when it failed or was cancelled. A block the budget holds whose
@@ -454,18 +432,6 @@ async fn put_within(
     put(store, location, payload).await?;
     room.commit();
     Ok(())
-}
-
-pub(super) fn store_error(
-    op: &'static str,
-    location: &ObjectPath,
-    error: object_store::Error,
-) -> TierError {
-    TierError::Store {
-        op,
-        location: location.to_string(),
-        source: Box::new(error),
-    }
 }
 
 /// A `put` running on an [`ObjectTier`]; its location is the object's.

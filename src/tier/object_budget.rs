@@ -16,8 +16,8 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
+use super::error::{ScanReport, TierError};
 use super::names::{Entry, kvtier_entry};
-use super::{ScanReport, TierError};
 use crate::capacity::{
     ADMIT_ROUNDS, CapacityStats, PinGuard, Policy, Rejection, Reserved, SharedLedger, Victims,
     WriteGuard,
@@ -99,7 +99,7 @@ impl ObjectBudget {
                 Reserved::Write(write) => return Ok(Some(write)),
                 Reserved::Present => {
                     // guard: E26-a-resident-object-that-went-is-written-again
-                    if super::object::head(store, location).await? {
+                    if super::objects::head(store, location).await? {
                         return Ok(None);
                     }
                     self.ledger.lose(location);
@@ -136,7 +136,7 @@ async fn list_blocks(
     let mut found = Vec::new();
     let mut listing = store.list(Some(prefix));
     while let Some(meta) = listing.next().await {
-        let meta = meta.map_err(|error| super::object::store_error("list", prefix, error))?;
+        let meta = meta.map_err(|error| super::objects::store_error("list", prefix, error))?;
         if is_block_below(prefix, &meta.location) {
             found.push(meta);
         }

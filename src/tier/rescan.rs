@@ -83,9 +83,9 @@ impl Drop for Rescanner {
 
 /// Checks an interval: from [`MIN_RESCAN_INTERVAL`] to
 /// [`MAX_RESCAN_INTERVAL`].
-pub(crate) fn check_interval(interval: Duration) -> Result<(), super::TierError> {
+pub(crate) fn check_interval(interval: Duration) -> Result<(), super::error::TierError> {
     if !(MIN_RESCAN_INTERVAL..=MAX_RESCAN_INTERVAL).contains(&interval) {
-        return Err(super::TierError::Config(format!(
+        return Err(super::error::TierError::Config(format!(
             "a rescan interval is {MIN_RESCAN_INTERVAL:?} to {MAX_RESCAN_INTERVAL:?}, not {interval:?}"
         )));
     }

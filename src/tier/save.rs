@@ -2,7 +2,7 @@
 
 use crate::save::{Completer, CompletionTask, StoreTask, TaskError};
 
-use super::TierError;
+use super::error::TierError;
 
 /// A block save running on a tier, for the
 /// [`SaveTracker`](crate::SaveTracker): complete when the block is published

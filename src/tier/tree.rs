@@ -15,7 +15,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::TierError;
+use super::error::TierError;
 use super::files::{create_temp, is_absent};
 use super::names::{Entry, is_kvtier_dir, kvtier_entry};
 use super::vllm::{is_vllm_dir, vllm_entry};

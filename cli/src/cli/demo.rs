@@ -19,7 +19,7 @@ use kvtier::{
     tier::FsSaveTask,
 };
 
-use super::Failure;
+use super::failure::Failure;
 use super::report::{ms, ms_or_dash, quantile};
 use super::temp::tempfile_dir;
 

@@ -10,6 +10,7 @@ macro_rules! say {
 }
 
 mod demo;
+mod failure;
 mod probe;
 mod report;
 mod s3;
@@ -73,45 +74,6 @@ enum Command {
     /// reports on stdout.
     #[command(hide = true)]
     SaveWorker(save_worker::SaveWorkerArgs),
-}
-
-/// A failure with its exit code: 1 during the run, 2 bad input, 3 storage
-/// unreachable.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) code: u8,
-    pub(crate) message: String,
-}
-
-impl Failure {
-    /// Nothing to report: stdout was closed by its reader.
-    pub(crate) fn closed_stdout() -> Self {
-        Self {
-            code: 0,
-            message: String::new(),
-        }
-    }
-
-    pub(crate) fn input(message: impl Into<String>) -> Self {
-        Self {
-            code: 2,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn unreachable(message: impl Into<String>) -> Self {
-        Self {
-            code: 3,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn run(message: impl Into<String>) -> Self {
-        Self {
-            code: 1,
-            message: message.into(),
-        }
-    }
 }
 
 pub(crate) fn main() -> ExitCode {

@@ -14,7 +14,7 @@ use kvtier::{
 use kvtier::capacity::Policy;
 use kvtier::tier::{BlockLayout, scan_directory};
 
-use super::Failure;
+use super::failure::Failure;
 use super::report::{ms, ms_or_dash, quantile};
 use super::s3;
 

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use super::Failure;
+use super::failure::Failure;
 
 /// Writes one line to stdout (see the `say!` macro).
 pub(crate) fn line(text: std::fmt::Arguments<'_>) -> Result<(), Failure> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kvtier::{ObjectTier, tier::S3Options};
 use tokio::runtime::Runtime;
 
-use super::Failure;
+use super::failure::Failure;
 
 /// The tier a `s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]` URL names,
 /// and its namespace. Builds the client only (no request is made).

@@ -18,7 +18,7 @@ use kvtier::save::wire::{self, MessageKind};
 use kvtier::tier::{FsOptions, FsSaveTask};
 use kvtier::{FsTier, SaveStep, SaveTracker};
 
-use super::Failure;
+use super::failure::Failure;
 use super::saves::{block_key, block_payload, rank_namespace};
 
 /// Exit code of a worker that refused a step or a message.

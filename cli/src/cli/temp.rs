@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::Failure;
+use super::failure::Failure;
 
 /// A temporary directory removed when dropped (std only: no dependency).
 pub(crate) struct TempDir(pub(crate) PathBuf);

@@ -10,7 +10,8 @@ use clap::Args;
 use kvtier::capacity::Policy;
 use kvtier::tier::{BlockLayout, ScanReport, check_namespace, check_tier_dir, scan_directory};
 
-use super::{Failure, s3};
+use super::failure::Failure;
+use super::s3;
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("tier").required(true).args(["fs", "s3"])))]

@@ -162,7 +162,7 @@ MUTATIONS = [
     Mutation(
         "E26-a-resident-object-that-went-is-written-again",
         "an object the budget holds is taken as stored though it was deleted behind the tier's back",
-        [("                    if super::object::head(store, location).await? {", "                    if true {")],
+        [("                    if super::objects::head(store, location).await? {", "                    if true {")],
         TEST + ["-p", "kvtier", "--test", "object_capacity", "an_object_removed_or_damaged"],
     ),
     Mutation(

@@ -43,10 +43,10 @@ import subprocess
 import threading
 from typing import TYPE_CHECKING
 
-from e2e import BLOCK_BYTES, PREEMPT_BLOCKS, PREEMPT_TOKENS, PROMPT_TOKENS, PROMPTS, block_files, check
+from e2e_common import BLOCK_BYTES, PREEMPT_BLOCKS, PREEMPT_TOKENS, PROMPT_TOKENS, PROMPTS, block_files, check
 
 if TYPE_CHECKING:
-    from e2e import Harness
+    from harness import Harness
 
 #: The budget: 64 blocks of the 108 prompt blocks.
 CAPACITY_BLOCKS = 64

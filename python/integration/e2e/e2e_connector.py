@@ -31,7 +31,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
-from e2e import (
+from e2e_common import (
     BLOCK_BYTES,
     PREEMPT_BLOCKS,
     PREEMPT_TOKENS,
@@ -46,7 +46,7 @@ from e2e import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from e2e import Harness
+    from harness import Harness
 
 #: Prompt blocks: 18 per prompt, each dumped once it is full.
 PROMPT_BLOCKS = PROMPTS * PROMPT_TOKENS // 32

@@ -43,10 +43,10 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from e2e import check, tail
+from e2e_common import check, tail
 
 if TYPE_CHECKING:
-    from e2e import Harness
+    from harness import Harness
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 #: Flags the harness appends for its tiny float32 model (the README's
@@ -240,7 +240,7 @@ class Server:
 
     def stop(self, drains: bool) -> str:
         """SIGTERM; the log once the server and its processes are gone."""
-        from e2e import wait_for_group
+        from e2e_common import wait_for_group
 
         stopping = time.monotonic()
         self.process.send_signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_offload.file_mapper import FileMapper
 
 from .._native import ConfigError
-from .tier import _check_root_dir
+from ._layout import check_root_dir
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -122,7 +122,7 @@ class ConnectorSettings:
             )
         if "root_dir" not in extra:
             raise ConfigError("kv_connector_extra_config needs 'root_dir': the directory blocks are stored in")
-        root_dir = _check_root_dir(extra["root_dir"])
+        root_dir = check_root_dir(extra["root_dir"])
         blocking = extra.get("blocking_save", False)
         if not isinstance(blocking, bool):
             raise ConfigError(f"kv_connector_extra_config['blocking_save'] is a bool, not {blocking!r}")

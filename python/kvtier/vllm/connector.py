@@ -95,7 +95,7 @@ from .._native import ConfigError
 from ._conn_common import ConnectorSettings, StorageConnectorMetadata, StorageWorkerMetadata
 from ._conn_scheduler import SchedulerSide
 from ._conn_worker import WorkerSide
-from .cpu import _block_rows
+from ._tensors import block_rows
 from .metrics import KvtierPromMetrics
 from .regions import remove_orphaned_regions_once
 
@@ -209,7 +209,7 @@ class StorageConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         _refuse_device_caches(kv_caches)
         caches = _canonical_caches(self._vllm_config, self._kv_cache_config, kv_caches)
-        tensors = [(_block_rows(c.tensor, c.page_size_bytes), c.page_size_bytes) for c in caches.tensors]
+        tensors = [(block_rows(c.tensor, c.page_size_bytes), c.page_size_bytes) for c in caches.tensors]
         groups = [[(ref.tensor_idx, ref.page_size_bytes) for ref in refs] for refs in caches.group_data_refs]
         self._worker.attach(tensors, groups)
 

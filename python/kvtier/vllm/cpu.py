@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
-import torch
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
@@ -52,6 +51,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from .._native import BlockCopier
+from ._tensors import block_rows
 from .regions import remove_orphaned_regions_once
 
 if TYPE_CHECKING:
@@ -60,14 +60,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kvtier.vllm")
 
 __all__ = ["CpuTieringSpec", "CpuTieringWorker"]
-
-
-def _block_rows(tensor: torch.Tensor, page_bytes: int) -> torch.Tensor:
-    """The tensor as int8 rows of one block each (its stride kept when it
-    already is such rows)."""
-    if tensor.dim() == 2 and tensor.dtype == torch.int8:
-        return tensor
-    return tensor.view(torch.int8).view(-1, page_bytes)
 
 
 class CpuTieringWorker(OffloadingWorker):
@@ -88,7 +80,7 @@ class CpuTieringWorker(OffloadingWorker):
         tensors = []
         for cache in kv_caches.tensors:
             page = cache.page_size_bytes
-            engine = _block_rows(cache.tensor, page)
+            engine = block_rows(cache.tensor, page)
             tensors.append((engine, region.create_next_worker_view(page * blocks_per_chunk), page))
         groups = [
             [(ref.tensor_idx, ref.page_size_bytes) for ref in refs]

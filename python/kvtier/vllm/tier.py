@@ -56,7 +56,8 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 
 from .._native import ConfigError, Lookup, VllmTransfers, vllm_block_path
-from . import AsyncLookupManager
+from ._layout import check_root_dir
+from ._lookup import AsyncLookupManager
 from .metrics import Figures, lookup_figures, metric_definitions
 from .regions import remove_orphaned_regions_once
 
@@ -76,22 +77,6 @@ _MAX_GRACE = 86_400.0
 # A stale age no temporary file reaches: the budget's scan sweeps none.
 _NEVER = 365.0 * 86_400.0
 
-
-def _check_root_dir(root_dir: object) -> str:
-    """``root_dir`` as vLLM's ``FileMapper`` takes it: a non-empty path
-    without NUL. vLLM hands it on unchecked (``""`` makes directories below
-    ``/``, ``None`` below ``./None``), so it is checked here."""
-    # guard: N7-root-dir-checked
-    if not isinstance(root_dir, (str, os.PathLike)):
-        raise ConfigError(f"root_dir is a path (str or os.PathLike), not {type(root_dir).__name__}")
-    path = os.fspath(root_dir)
-    if isinstance(path, bytes):
-        raise ConfigError("root_dir is a str path, not bytes")
-    if not path:
-        raise ConfigError("root_dir is empty; name the directory the tier stores blocks in")
-    if "\0" in path:
-        raise ConfigError(f"root_dir {path!r} contains a NUL character")
-    return path
 
 # Keys whose paths the construction-time layout check compares: one-, two-
 # and many-byte hashes (the fan-out slices differently) in several groups.
@@ -197,7 +182,7 @@ class FsTier(SecondaryTierManager):
                 f"shutdown_grace is {shutdown_grace!r}; it must be 0 to {_MAX_GRACE:.0f} seconds"
             )
         self._shutdown_grace = float(shutdown_grace)
-        root_dir = _check_root_dir(root_dir)
+        root_dir = check_root_dir(root_dir)
         self._closed = False
         # Blocks whose load failed and whose lookups were marked a miss.
         self._load_failures = 0

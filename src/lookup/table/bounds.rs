@@ -5,40 +5,20 @@
 use std::hash::Hash;
 use std::time::Instant;
 
-use hashbrown::HashMap;
-
-use super::LookupTable;
+use super::state::LookupTable;
+use super::step::StepMark;
 use super::storage::Entry;
+use crate::lookup::error::LookupError;
 use crate::lookup::limits::LookupLimits;
-use crate::lookup::scheduler::LookupError;
 use crate::lookup::submission::{Group, Interest};
 use crate::lookup::types::{Phase, Request};
 use crate::sync::Arc;
-
-/// An ended step whose keys are not overdue yet: its keys are the
-/// generations from `first_generation` up to the next mark's.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct StepMark {
-    pub(super) first_generation: u64,
-    /// The step's index (the number of steps ended before it).
-    pub(super) step: u64,
-    /// When the step started, if a flush said so.
-    pub(super) started: Option<Instant>,
-}
 
 /// Marks kept at most. Flushes that never say the time, with a budget
 /// only in time, would otherwise add one per step for ever; beyond this
 /// the second-oldest mark is merged into the oldest (its keys become
 /// overdue with the oldest's: early, never late).
 const MAX_MARKS: usize = 1 << 16;
-
-/// One of the keys of group `group` lost its last requester.
-pub(super) fn lose_interest(interest_of: &HashMap<u32, Arc<Interest>>, group: u32) {
-    if let Some(interest) = interest_of.get(&group) {
-        // guard: L15-cleanup-loses-interest
-        interest.lose();
-    }
-}
 
 impl<K, R> LookupTable<K, R>
 where

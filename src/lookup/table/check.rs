@@ -6,7 +6,7 @@ use std::hash::Hash;
 
 use hashbrown::HashMap;
 
-use super::LookupTable;
+use super::state::LookupTable;
 use super::storage::{INDEX_ABOVE, NONE, Overflow};
 use crate::lookup::submission::Interest;
 use crate::lookup::types::{Phase, Request};

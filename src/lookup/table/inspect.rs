@@ -4,7 +4,7 @@
 
 use std::hash::Hash;
 
-use super::LookupTable;
+use super::state::LookupTable;
 use crate::lookup::types::{Generation, KeyState, Request};
 
 impl<K, R> LookupTable<K, R>

@@ -11,8 +11,8 @@
 
 use std::hash::Hash;
 
-use super::LookupTable;
-use super::bounds::lose_interest;
+use super::state::LookupTable;
+use super::step::lose_interest;
 use crate::lookup::types::{Generation, Phase, Request};
 
 impl<K, R> LookupTable<K, R>

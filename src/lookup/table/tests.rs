@@ -3,6 +3,7 @@
 
 use super::storage::*;
 use super::*;
+use crate::lookup::{Generation, GroupOutcome, GroupResult, Phase, Verdict};
 
 fn result_for(
     table: &LookupTable<u64, u64>,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::lookup::scheduler::LookupError;
+use crate::lookup::error::LookupError;
 
 /// Settings of a [`TokioProber`](super::TokioProber). Start from `TokioConfig::default()` and
 /// change what you need:

@@ -33,7 +33,8 @@ pub use backend::AsyncBackend;
 pub use config::TokioConfig;
 use runner::{CANCEL_WAIT, Pool, Runner, Shared};
 
-use super::scheduler::{Lookup, LookupError, Prober, Publisher, Refused};
+use super::error::LookupError;
+use super::scheduler::{Lookup, Prober, Publisher, Refused};
 use super::submission::Submission;
 use super::types::Request;
 use crate::sync::{Arc, Condvar, Mutex, task};

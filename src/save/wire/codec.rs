@@ -1,7 +1,7 @@
 //! The primitives of the wire format: canonical varints, request ids, and a
 //! reader that never reads past its input.
 
-use super::{IdKind, WireError};
+use super::format::{COST_ALLOWANCE, IdKind, MAX_COST_PER_BYTE, WireError};
 
 /// A request id type with a wire form: `u64` (8 bytes, big-endian), `String`
 /// (UTF-8) and `Vec<u8>` (raw bytes). The kind is written once per message,
@@ -114,11 +114,11 @@ pub(crate) fn heap_cost(len: usize) -> usize {
 }
 
 /// What decoding a body of `body` bytes may hold in memory:
-/// [`MAX_COST_PER_BYTE`](super::MAX_COST_PER_BYTE) bytes per byte of body,
-/// plus [`COST_ALLOWANCE`](super::COST_ALLOWANCE).
+/// [`MAX_COST_PER_BYTE`] bytes per byte of body,
+/// plus [`COST_ALLOWANCE`].
 pub(crate) fn budget(body: usize) -> usize {
-    body.saturating_mul(super::MAX_COST_PER_BYTE)
-        .saturating_add(super::COST_ALLOWANCE)
+    body.saturating_mul(MAX_COST_PER_BYTE)
+        .saturating_add(COST_ALLOWANCE)
 }
 
 /// What the ids of `lists` hold once decoded (the encoder's side of the

@@ -18,11 +18,11 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use super::super::TierError;
 use super::super::files::{is_absent, kind_of, open_for_read};
 use super::super::format::Corruption;
 use super::super::tree::create_temp_in_shard;
 use super::layout::vllm_temp_name;
+use crate::tier::error::TierError;
 
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

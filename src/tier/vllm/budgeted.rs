@@ -5,22 +5,13 @@
 
 use std::time::Duration;
 
+use super::books::Budget;
 use super::transfers::VllmTransfers;
 use crate::capacity::{CapacityStats, Policy};
-use crate::tier::BlockLayout;
 use crate::tier::budget::DirBudget;
+use crate::tier::error::{ReconcileReport, ScanReport, TierError};
 use crate::tier::rescan::{Rescanner, check_interval};
-use crate::tier::{ReconcileReport, ScanReport, TierError};
-
-/// A budget and what goes with it.
-pub(crate) struct Budget {
-    pub(crate) dir: DirBudget,
-    pub(super) scan: ScanReport,
-    stale_temp_age: Duration,
-    /// The rescan thread, once [`rescan_every`](VllmTransfers::rescan_every)
-    /// started it (stopped at shutdown).
-    pub(super) rescanner: Option<Rescanner>,
-}
+use crate::tier::tree::BlockLayout;
 
 impl VllmTransfers {
     /// Bounds the rank directory's block files to `capacity` bytes: scans

@@ -7,17 +7,11 @@
 //! through the transfers, so the stores reported by
 //! [`finished`](VllmTransfers::finished) are the whole story.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 
+use super::books::Changes;
 use super::transfers::{FinishedTransfer, TransferKind, VllmTransfers};
 use crate::capacity::MAX_CHANGES;
-
-/// Changes recorded without a budget: the keys of finished stores.
-#[derive(Debug, Default)]
-pub(super) struct Changes {
-    stored: VecDeque<Vec<u8>>,
-}
 
 impl VllmTransfers {
     /// Starts (or stops) recording which blocks the transfers stored and

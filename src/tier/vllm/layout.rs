@@ -13,13 +13,13 @@
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use super::super::TierError;
 #[cfg(tokio_driver)]
 use super::super::files::stat_blocking;
 use super::super::files::{PathWriter, exists};
 use super::super::key::push_hex_bytes;
 use super::super::names::Entry;
 use crate::lookup::Backend;
+use crate::tier::error::TierError;
 
 /// Bytes of the group index at the end of a vLLM key.
 const GROUP_BYTES: usize = 4;

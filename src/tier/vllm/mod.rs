@@ -8,9 +8,10 @@
 //! is the memory and the claims that keep two transfers off one block;
 //! `transfers` runs the jobs and reports them through the save core;
 //! `changes` tells the tier's lookups which blocks came and went;
-//! `budgeted` bounds the directory's bytes.
+//! `budgeted` bounds the directory's bytes; `books` holds what those two keep.
 
 mod blocks;
+mod books;
 mod budgeted;
 mod changes;
 mod layout;

@@ -14,9 +14,9 @@ use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 
-use super::super::TierError;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU32, Ordering};
+use crate::tier::error::TierError;
 
 /// A block's claim held by a load: no other transfer may touch the block.
 const WRITER: u32 = u32::MAX;

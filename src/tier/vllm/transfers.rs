@@ -17,17 +17,17 @@ use std::time::{Duration, Instant};
 
 use super::super::tree::{BlockLayout, sweep_temps};
 use super::blocks::{load_block, store_block};
-use super::budgeted::Budget;
-use super::changes::Changes;
+use super::books::{Budget, Changes};
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
-use crate::SaveTracker;
+use crate::save::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::tier::budget::DirBudget;
+use crate::tier::error::TierError;
+use crate::tier::limits::MAX_IO_THREADS;
 use crate::tier::pool::IoPool;
-use crate::tier::{MAX_IO_THREADS, TierError};
 
 /// Whether a job stores blocks into the tier or loads them out of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

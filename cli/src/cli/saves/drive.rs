@@ -8,10 +8,10 @@ use std::time::Duration;
 use kvtier::save::{ReportAggregator, SaveLatency};
 use kvtier::{FsTier, SaveScheduler};
 
+use super::args::{SavesArgs, Tally};
 use super::blocks::{Rng, block_key};
 use super::workers::{Incoming, Worker, receive, send};
-use super::{SavesArgs, Tally};
-use crate::cli::Failure;
+use crate::cli::failure::Failure;
 
 /// A simulated request.
 struct Request {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kvtier::save::{WorkerReport, wire};
 
-use super::{Fault, SavesArgs};
-use crate::cli::Failure;
+use super::args::{Fault, SavesArgs};
+use crate::cli::failure::Failure;
 
 /// One worker process, as the scheduler sees it.
 pub(super) struct Worker {

@@ -1,23 +1,23 @@
-//! `kvtier.Lookup`: the scheduler's async lookup, with `bytes` keys and
+//! What Python calls on a `kvtier.Lookup`: the scheduler's async lookup, with `bytes` keys and
 //! `str` request ids, over a native prober (kvtier's fs tier, vLLM's fs
 //! layout, an object store) or a Python backend.
 
 use std::time::Duration;
 
-use kvtier::lookup::{
-    Backend, LookupError, LookupLimits, LookupStats, LookupTable, Prober, Refused, Submission,
-    ThreadProber, TokioConfig, TokioProber,
-};
+use kvtier::lookup::{LookupLimits, LookupStats, LookupTable};
 use kvtier::tier::{S3Options, VllmFsLayout};
-use kvtier::{FsTier, Lookup, ObjectTier, Verdict};
-use pyo3::exceptions::PyTypeError;
+use kvtier::{FsTier, ObjectTier, Verdict};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyWeakrefReference};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::handle::{LookupInspector, PyLookup, closed, stop_quietly};
+use crate::args::Unset;
 use crate::errors::{ShutdownError, config, guard, lookup_error, seconds, tier_error};
-use crate::slot::{Owned, borrow, lend};
+use crate::live::live;
+use crate::probers::{Key, native_config, python_backend, python_lookup};
+use crate::request::request_id;
+use crate::slot::{borrow, lend};
 
 /// How long a `wait_idle` waits between two looks at pending signals: a
 /// Ctrl-C during the wait is raised within about this.
@@ -28,276 +28,12 @@ const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 /// worker behind.
 const PYTHON_SHUTDOWN_GRACE: f64 = 2.0;
 
-/// A block key as vLLM names it: the block hash and the group index.
-pub(crate) type Key = Vec<u8>;
-
-/// Whichever prober a [`PyLookup`] was built with.
-struct AnyProber(Box<dyn Prober<Key, String> + Send + Sync>);
-
-impl Prober<Key, String> for AnyProber {
-    fn submit(&mut self, submission: Submission<Key, String>) -> Result<(), Refused<Key, String>> {
-        self.0.submit(submission)
-    }
-
-    fn wait_idle(&mut self) -> Result<(), LookupError> {
-        self.0.wait_idle()
-    }
-
-    fn wait_idle_for(&mut self, limit: Duration) -> Result<bool, LookupError> {
-        self.0.wait_idle_for(limit)
-    }
-
-    fn shutdown(&mut self) -> Result<(), LookupError> {
-        self.0.shutdown()
-    }
-}
-
-type AnyLookup = Lookup<Key, String, AnyProber>;
-
-/// A backend written in Python: `batch_lookup(keys, req_id)` (or a plain
-/// callable) returning an iterable of booleans, called on the prober's
-/// worker thread with the GIL taken for the call alone.
-///
-/// The worker reaches the callable through a weak reference to its
-/// [`BackendSlot`], which the [`PyLookup`] alone holds: every strong
-/// reference to the callable is then one the garbage collector can see, so
-/// a cycle through it (a backend method of an object that owns the lookup)
-/// is collected like any Python cycle.
-struct PythonBackend {
-    slot: Py<PyWeakrefReference>,
-}
-
-/// Holds a Python backend's callable for its [`PyLookup`].
-#[pyclass(module = "kvtier._native", frozen, weakref)]
-struct BackendSlot {
-    call: Py<PyAny>,
-}
-
-#[pymethods]
-impl BackendSlot {
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.call)
-    }
-}
-
-impl Backend<Key, String> for PythonBackend {
-    type Answers = Vec<bool>;
-    type Error = String;
-
-    fn batch_lookup(&mut self, keys: &[Key], request: &String) -> Result<Vec<bool>, String> {
-        // Once the interpreter is shutting down no Python can run: the
-        // group's keys are misses, and the worker never blocks on the GIL.
-        Python::try_attach(|py| {
-            let Some(slot) = self
-                .slot
-                .bind(py)
-                .upgrade_as::<BackendSlot>()
-                .ok()
-                .flatten()
-            else {
-                return Err("the lookup that owned the Python backend was freed".to_owned());
-            };
-            let call = || -> PyResult<Vec<bool>> {
-                // One answer past the keys is enough to see a surplus.
-                let limit = keys.len() + 1;
-                let keys = PyList::new(py, keys.iter().map(|key| PyBytes::new(py, key)))?;
-                let answers = slot.get().call.bind(py).call1((keys, request.as_str()))?;
-                let mut found = Vec::with_capacity(limit);
-                // guard: P4-python-answers-bounded
-                for answer in answers.try_iter()?.take(limit) {
-                    found.push(strict_bool(&answer?)?);
-                }
-                Ok(found)
-            };
-            call().map_err(|error| format!("Python backend raised {error}"))
-        })
-        .unwrap_or_else(|| Err("the Python interpreter is shutting down".to_owned()))
-    }
-
-    /// The call and the publication of its answers under one hold of the
-    /// GIL (L17): a Python thread can only see what `batch_lookup` did (an
-    /// event it set) once the worker lets go of the GIL, and by then the
-    /// answers are published, so its next lookup has them. vLLM's tests wait
-    /// on such an event and look up at once.
-    fn around_group(&mut self, group: impl FnOnce(&mut Self)) {
-        let mut group = Some(group);
-        // guard: P6-publish-under-the-gil
-        let attached = Python::try_attach(|_| {
-            if let Some(group) = group.take() {
-                group(self);
-            }
-        });
-        // The interpreter is shutting down: no GIL to hold, and the call
-        // makes the group's keys misses.
-        if let (None, Some(group)) = (attached, group) {
-            group(self);
-        }
-    }
-}
-
-/// A backend's answer as the contract has it: a `bool` or numpy's `bool_`.
-/// Anything else (a string, bytes, a number, a dict's keys) makes the
-/// group's answer faulty, so its keys miss, instead of being judged by
-/// truthiness (`"False"` would be a hit).
-fn strict_bool(answer: &Bound<'_, PyAny>) -> PyResult<bool> {
-    // guard: P11-answers-are-bools
-    if !is_bool(answer)? {
-        return Err(PyTypeError::new_err(format!(
-            "a backend answers each key with a bool, not {} ({:.40})",
-            answer.get_type().name()?,
-            answer.repr()?.to_string()
-        )));
-    }
-    answer.is_truthy()
-}
-
-/// Whether `answer` is a `bool` or numpy's `bool_`.
-fn is_bool(answer: &Bound<'_, PyAny>) -> PyResult<bool> {
-    if answer.is_instance_of::<pyo3::types::PyBool>() {
-        return Ok(true);
-    }
-    let kind = answer.get_type();
-    Ok(matches!(kind.name()?.to_str()?, "bool" | "bool_") && kind.module()?.to_str()? == "numpy")
-}
-
-/// The keyword arguments every native prober takes.
-const NATIVE_SETTINGS: &str = "concurrency, group_timeout, shutdown_grace, threads";
-
-/// Settings of a native prober from its keyword arguments: `concurrency`
-/// (groups probed at once), `group_timeout` (seconds, or `None`),
-/// `shutdown_grace` (seconds) and `threads` (runtime threads). The defaults
-/// are `TokioConfig::default()`'s: 4 groups, 2 s, 1 s, 2 threads.
-fn native_config(settings: Option<&Bound<'_, PyDict>>) -> PyResult<TokioConfig> {
-    let mut config = TokioConfig::default();
-    for (name, value) in settings.into_iter().flatten() {
-        let name: String = name.extract()?;
-        config = match name.as_str() {
-            "concurrency" => config.max_concurrent_groups(value.extract()?),
-            "group_timeout" => {
-                let timeout: Option<f64> = value.extract()?;
-                let timeout = timeout.map(|t| seconds("group_timeout", t)).transpose()?;
-                config.group_timeout(timeout)
-            }
-            "shutdown_grace" => config.shutdown_grace(seconds("shutdown_grace", value.extract()?)?),
-            "threads" => config.worker_threads(value.extract()?),
-            other => {
-                return Err(PyTypeError::new_err(format!(
-                    "unexpected keyword argument {other:?}: a native prober takes {NATIVE_SETTINGS}"
-                )));
-            }
-        };
-    }
-    config.validate().map_err(lookup_error)?;
-    Ok(config)
-}
-
 /// Which of a lookup's three answers a verdict is (see [`PyLookup::answers`]).
 fn answer(verdict: &Verdict<Key>) -> usize {
     match verdict {
         Verdict::Hit(_) => 0,
         Verdict::Miss => 1,
         Verdict::Pending => 2,
-    }
-}
-
-/// Async secondary-tier lookup for a scheduler thread.
-///
-/// Every step, call `lookup(key, req_id)` (or `lookup_many`) for the
-/// blocks a waiting request could load: `True` (hit: load it), `False`
-/// (miss: compute it) or `None` (retry next step). End the step with
-/// `flush()`; `mark_miss(keys)` after a failed load; `cleanup(req_id)` when
-/// a request finishes. None of these waits for the tier. Build one with
-/// `Lookup.vllm_fs`, `Lookup.fs`, `Lookup.s3`, `Lookup.object_dir` (native
-/// probers that never take the GIL) or `Lookup.python` (a Python backend).
-///
-/// A lookup belongs to one scheduler thread; `shutdown()` (or leaving its
-/// `with` block) stops the prober.
-#[pyclass(module = "kvtier._native", name = "Lookup", weakref)]
-pub(crate) struct PyLookup {
-    inner: Owned<AnyLookup>,
-    /// The table the prober left at `shutdown`, for the read-only views.
-    stopped: Option<LookupTable<Key, String>>,
-    /// What `lookup` returns for a hit, a miss and a key not known yet:
-    /// `True`, `False`, `None`, or the objects `set_verdicts` gave (vLLM's
-    /// `LookupResult` members), so no Python code runs to translate them.
-    answers: [Py<PyAny>; 3],
-    /// The last request id object seen and its Rust copy: a scheduler asks
-    /// for one request's keys in a row with the same `str` object.
-    last_request: Option<(Py<PyAny>, String)>,
-    /// Reused for every key: a lookup allocates only a hit's ticket.
-    key: Key,
-    /// Reused by `lookup_many`.
-    keys: Vec<Key>,
-    verdicts: Vec<Verdict<Key>>,
-    /// What the lookup was built over, for `repr`.
-    describe: String,
-    /// A Python backend's callable (see [`PythonBackend`]): the one strong
-    /// reference to it, shown to the garbage collector.
-    backend: Option<Py<BackendSlot>>,
-}
-
-impl PyLookup {
-    fn over(
-        describe: String,
-        backend: Option<Py<BackendSlot>>,
-        make: impl FnOnce() -> Result<AnyLookup, LookupError>,
-    ) -> PyResult<Py<Self>> {
-        let inner = make().map_err(lookup_error)?;
-        Python::attach(|py| {
-            let answers = [
-                true.into_pyobject(py)?.to_owned().into_any().unbind(),
-                false.into_pyobject(py)?.to_owned().into_any().unbind(),
-                py.None(),
-            ];
-            let lookup = Self {
-                inner: Owned::new("Lookup", "the lookup was shut down", inner),
-                stopped: None,
-                answers,
-                last_request: None,
-                key: Vec::new(),
-                keys: Vec::new(),
-                verdicts: Vec::new(),
-                describe,
-                backend,
-            };
-            let lookup = Py::new(py, lookup)?;
-            live(py)?.call_method1("add", (&lookup,))?;
-            Ok(lookup)
-        })
-    }
-
-    fn native<B>(describe: String, backend: B, config: TokioConfig) -> PyResult<Py<Self>>
-    where
-        B: kvtier::lookup::AsyncBackend<Key, String>,
-    {
-        Self::over(describe, None, || {
-            Lookup::try_with_prober(|results| {
-                TokioProber::spawn(backend, config, results).map(|p| AnyProber(Box::new(p)))
-            })
-        })
-    }
-
-    fn open(&mut self, call: &str) -> PyResult<&mut AnyLookup> {
-        self.inner.get(call)
-    }
-
-    /// The table, while running or as `shutdown` left it (none while a
-    /// call that waits has the lookup).
-    pub(crate) fn table(&self) -> Option<&LookupTable<Key, String>> {
-        match self.inner.ready() {
-            Some(lookup) => Some(lookup.table()),
-            None => self.stopped.as_ref(),
-        }
-    }
-
-    /// Whether the lookup was shut down.
-    pub(crate) fn table_is_final(&self) -> bool {
-        self.inner.is_closed()
-    }
-
-    /// Whether answers were published that no call has applied yet.
-    pub(crate) fn has_published(&self) -> bool {
-        self.inner.ready().is_some_and(AnyLookup::has_published)
     }
 }
 
@@ -434,30 +170,9 @@ impl PyLookup {
             let grace = shutdown_grace
                 .map(|grace| seconds("shutdown_grace", grace))
                 .transpose()?;
-            let call = match backend.getattr("batch_lookup") {
-                Ok(method) => method,
-                Err(_) if backend.is_callable() => backend.clone(),
-                Err(_) => {
-                    return Err(PyTypeError::new_err(
-                        "a Python backend has a batch_lookup(keys, req_id) method or is callable",
-                    ));
-                }
-            };
-            let py = backend.py();
-            let slot = Bound::new(
-                py,
-                BackendSlot {
-                    call: call.unbind(),
-                },
-            )?;
-            let backend = PythonBackend {
-                slot: PyWeakrefReference::new(&slot)?.unbind(),
-            };
+            let (slot, backend) = python_backend(backend)?;
             Self::over(format!("python({name:?})"), Some(slot.unbind()), || {
-                Lookup::try_with_prober(|results| {
-                    ThreadProber::spawn(backend, results, name)
-                        .map(|prober| AnyProber(Box::new(prober.with_shutdown_grace(grace))))
-                })
+                python_lookup(backend, name, grace)
             })
         })
     }
@@ -498,8 +213,8 @@ impl PyLookup {
 
     /// A read-only view of the table for tools and compatibility layers
     /// (see `kvtier.vllm`): key states, requests, the batch to flush.
-    fn inspect(slf: Py<Self>) -> crate::inspect::LookupInspector {
-        crate::inspect::LookupInspector::new(slf)
+    fn inspect(slf: Py<Self>) -> LookupInspector {
+        LookupInspector { lookup: slf }
     }
 
     /// A request's keys in one call: `(verdicts, leading_hits)`, the list
@@ -785,92 +500,6 @@ impl PyLookup {
             None => format!("Lookup.{} (busy, or made before a fork)", self.describe),
         }
     }
-}
-
-impl PyLookup {
-    /// Makes `last_request` hold `request`'s id, converting it only when
-    /// the request object changed.
-    fn remember_request(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        if let Some((object, _)) = &self.last_request
-            // guard: P5-request-cache-checks-the-object
-            && object.as_ptr() == request.as_ptr()
-        {
-            return Ok(());
-        }
-        let id = request_id(request)?;
-        self.last_request = Some((request.clone().unbind(), id));
-        Ok(())
-    }
-}
-
-/// The id of `request`: a `str`, or an object with a `req_id` attribute
-/// (vLLM's request context).
-pub(crate) fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(text) = request.cast::<PyString>() {
-        return Ok(text.to_cow()?.into_owned());
-    }
-    let field = match request.getattr("req_id") {
-        Ok(field) => field,
-        // guard: P12-req-id-errors-propagate
-        Err(error) if error.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) => {
-            return Err(PyTypeError::new_err(format!(
-                "a request is a str id or has a req_id attribute, not {}",
-                request.get_type().name()?
-            )));
-        }
-        // A property that raised (KeyboardInterrupt, say): its own error.
-        Err(error) => return Err(error),
-    };
-    let field = field
-        .cast::<PyString>()
-        .map_err(|_| PyTypeError::new_err("req_id must be a str"))?;
-    Ok(field.to_cow()?.into_owned())
-}
-
-fn closed() -> PyErr {
-    ShutdownError::new_err("the lookup was shut down")
-}
-
-/// An optional keyword whose absence differs from `None`: `Unset(None)`
-/// when left out, `Unset(Some(None))` for an explicit `None`.
-#[derive(Default)]
-struct Unset<T>(Option<T>);
-
-impl<'a, 'py, T: FromPyObject<'a, 'py>> FromPyObject<'a, 'py> for Unset<T> {
-    type Error = T::Error;
-
-    fn extract(object: Borrowed<'a, 'py, PyAny>) -> Result<Self, Self::Error> {
-        T::extract(object).map(|value| Unset(Some(value)))
-    }
-}
-
-impl Drop for PyLookup {
-    /// A lookup dropped without `shutdown()` stops its prober with the GIL
-    /// released, so a Python backend's last call can finish.
-    fn drop(&mut self) {
-        stop_quietly(self.inner.take_to_drop());
-    }
-}
-
-/// Drops a lookup with the GIL released, so a Python backend's last call can
-/// finish. Without the interpreter (it is shutting down) it is dropped as
-/// it is: a Python backend's worker cannot attach then either, so it never
-/// waits for the GIL.
-fn stop_quietly(mut lookup: Option<AnyLookup>) {
-    if lookup.is_some() {
-        let _ = Python::try_attach(|py| py.detach(|| drop(lookup.take())));
-        drop(lookup);
-    }
-}
-
-/// The lookups not yet collected: `shutdown_all` stops them at exit.
-static LIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-fn live(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    let set = LIVE.get_or_try_init(py, || {
-        Ok::<_, PyErr>(py.import("weakref")?.getattr("WeakSet")?.call0()?.unbind())
-    })?;
-    Ok(set.bind(py))
 }
 
 /// Shuts down every lookup still running. Registered with `atexit`, so
