@@ -173,6 +173,7 @@ mod tier {
 
     use kvtier::FsTier;
     use kvtier::block::HEADER_LEN;
+    use kvtier::settings::BudgetConfig;
     use kvtier::tier::FsOptions;
 
     /// Microseconds per `FsTier::store` of `stores` 4 KiB blocks after
@@ -182,7 +183,8 @@ mod tier {
     pub(crate) fn tier_store(resident: u64, stores: u64, capacity: Option<u64>) -> f64 {
         const PAYLOAD: usize = 4096 - HEADER_LEN;
         let root = tempfile::tempdir().expect("tempdir");
-        let options = FsOptions::default().capacity_bytes(capacity.map(|blocks| blocks * 4096));
+        let options = FsOptions::default()
+            .budget(capacity.map(|blocks| BudgetConfig::new(blocks * 4096).expect("a budget")));
         let tier = FsTier::open_with(root.path(), "bench", options).expect("open");
         let payload = [3u8; PAYLOAD];
         for key in 0..resident {

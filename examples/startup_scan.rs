@@ -25,6 +25,7 @@ mod scan {
     use std::time::{Duration, Instant, SystemTime};
 
     use kvtier::FsTier;
+    use kvtier::settings::BudgetConfig;
     use kvtier::tier::FsOptions;
 
     const PAYLOAD: usize = 84;
@@ -73,7 +74,7 @@ mod scan {
             let tier = FsTier::open_with(
                 root,
                 "scan",
-                FsOptions::default().capacity_bytes(Some(capacity)),
+                FsOptions::default().budget(Some(BudgetConfig::new(capacity)?)),
             )?;
             let elapsed = started.elapsed();
             let report = tier.scan_report().expect("a budget").clone();

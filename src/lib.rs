@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 pub mod capacity;
+mod counters;
 mod fault;
 mod invariant;
 pub mod lookup;
@@ -54,6 +55,7 @@ pub mod lookup;
 pub mod offload;
 mod publish;
 pub mod save;
+pub mod settings;
 mod sync;
 #[cfg(tiers)]
 pub mod tier;

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use kvtier::capacity::{Policy, Rejection};
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::FsOptions;
 use kvtier::{FsTier, StoreTask, TierError};
 
@@ -25,7 +26,7 @@ fn budgeted(root: &Path, capacity: u64) -> FsTier {
     FsTier::open_with(
         root,
         "ns",
-        FsOptions::default().capacity_bytes(Some(capacity)),
+        FsOptions::default().budget(Some(BudgetConfig::new(capacity).unwrap())),
     )
     .expect("open")
 }
@@ -183,7 +184,7 @@ fn reopening_keeps_the_newest_blocks_that_fit_and_sweeps_stale_temporary_files()
             .unwrap();
         fs::write(shard.join("00.bin.00000000000000bb.tmp"), b"live writer").unwrap();
     }
-    let options = FsOptions::default().capacity_bytes(Some(4 * block));
+    let options = FsOptions::default().budget(Some(BudgetConfig::new(4 * block).unwrap()));
     let tier = FsTier::open_with(root.path(), "ns", options).expect("reopen");
     let report = tier.scan_report().expect("a scan").clone();
     assert_eq!(
@@ -222,9 +223,11 @@ fn a_trim_brings_the_files_under_the_new_budget() {
 fn s3_fifo_keeps_the_same_bound() {
     let root = tempfile::tempdir().expect("tempdir");
     let capacity = 8 * (HEADER + 10);
-    let options = FsOptions::default()
-        .capacity_bytes(Some(capacity))
-        .policy(Policy::S3Fifo);
+    let options = FsOptions::default().budget(Some(
+        BudgetConfig::new(capacity)
+            .unwrap()
+            .with_policy(Policy::S3Fifo),
+    ));
     let tier = FsTier::open_with(root.path(), "ns", options).unwrap();
     for key in 0u64..100 {
         tier.store(&key, &[0; 10]).unwrap();

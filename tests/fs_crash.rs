@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::FsOptions;
 use kvtier::{FsTier, StoreTask};
 
@@ -34,11 +35,15 @@ fn paths(dir: &Path, suffix: &str) -> Vec<PathBuf> {
 fn crash_child_writes_for_ever() {
     let root = std::env::var("KVTIER_CRASH_ROOT").expect("run by the crash test");
     let options = FsOptions::default()
-        .capacity_bytes(Some(CAPACITY))
+        .budget(Some(
+            BudgetConfig::new(CAPACITY)
+                .unwrap()
+                .with_stale_temp_age(Some(Duration::from_secs(3600)))
+                .unwrap(),
+        ))
         .io_threads(WRITERS)
         // Each write waits for the device: 32 are in flight at any time.
-        .sync_data(true)
-        .stale_temp_age(Duration::from_secs(3600));
+        .sync_data(true);
     let tier = FsTier::open_with(&root, "ns", options).expect("open");
     let mut key = 0u64;
     loop {
@@ -125,9 +130,12 @@ fn a_tier_killed_during_32_writes_opens_clean_within_its_budget() {
         }
     };
 
-    let options = FsOptions::default()
-        .capacity_bytes(Some(CAPACITY))
-        .stale_temp_age(Duration::ZERO);
+    let options = FsOptions::default().budget(Some(
+        BudgetConfig::new(CAPACITY)
+            .unwrap()
+            .with_stale_temp_age(Some(Duration::ZERO))
+            .unwrap(),
+    ));
     let tier = FsTier::open_with(root.path(), "ns", options).expect("reopen");
     let report = tier.scan_report().unwrap().clone();
     assert_eq!(

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use kvtier::FsTier;
 use kvtier::capacity::Policy;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{FsOptions, PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
 
 #[path = "common/files.rs"]
@@ -65,7 +66,7 @@ fn ten_thousand_evictions_leave_no_directory_without_a_block() {
     let tier = FsTier::open_with(
         root.path(),
         "ns",
-        FsOptions::default().capacity_bytes(Some(50 * block)),
+        FsOptions::default().budget(Some(BudgetConfig::new(50 * block).unwrap())),
     )
     .unwrap();
     let mut state = 0x9e37_79b9_7f4a_7c15;
@@ -105,7 +106,13 @@ fn ten_thousand_vllm_evictions_leave_no_directory_without_a_block() {
     let region = PrimaryRegion::zeroed(64, 256).unwrap();
     let mut transfers = VllmTransfers::new(layout, region, 1, 2).unwrap();
     transfers
-        .set_budget(40 * 256, Policy::Lru, Duration::from_secs(600))
+        .set_budget(
+            BudgetConfig::new(40 * 256)
+                .unwrap()
+                .with_policy(Policy::Lru)
+                .with_stale_temp_age(Some(Duration::from_secs(600)))
+                .unwrap(),
+        )
         .unwrap();
     let mut state = 0x2545_f491_4f6c_dd1d;
     for job in 0..(10_040 / 8) {
@@ -149,7 +156,7 @@ fn stores_into_directories_that_evictions_remove_meanwhile_succeed() {
         FsTier::open_with(
             root.path(),
             "ns",
-            FsOptions::default().capacity_bytes(Some(8 * block)),
+            FsOptions::default().budget(Some(BudgetConfig::new(8 * block).unwrap())),
         )
         .unwrap(),
     );
@@ -196,7 +203,13 @@ fn vllm_stores_into_directories_that_evictions_remove_meanwhile_succeed() {
     let region = PrimaryRegion::zeroed(64, 256).unwrap();
     let mut transfers = VllmTransfers::new(layout, region, 1, 4).unwrap();
     transfers
-        .set_budget(8 * 256, Policy::Lru, Duration::from_secs(600))
+        .set_budget(
+            BudgetConfig::new(8 * 256)
+                .unwrap()
+                .with_policy(Policy::Lru)
+                .with_stale_temp_age(Some(Duration::from_secs(600)))
+                .unwrap(),
+        )
         .unwrap();
     let mut job = 0;
     for round in 0..100u64 {

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvtier::capacity::Policy;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{BlockLayout, FsOptions, scan_directory};
 use kvtier::{FsTier, TierError};
 
@@ -21,8 +22,12 @@ use files::bytes_on_disk;
 const FILE: u64 = 100;
 const PAYLOAD: [u8; 84] = [5; 84];
 
+fn budget(blocks: u64) -> BudgetConfig {
+    BudgetConfig::new(blocks * FILE).unwrap()
+}
+
 fn options(blocks: u64) -> FsOptions {
-    FsOptions::default().capacity_bytes(Some(blocks * FILE))
+    FsOptions::default().budget(Some(budget(blocks)))
 }
 
 fn open(root: &Path, options: FsOptions) -> FsTier {
@@ -86,7 +91,10 @@ fn a_reconcile_counts_the_neighbours_blocks_and_brings_the_namespace_within_one_
 fn tiers_rescanning_on_their_own_threads_settle_within_one_budget() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("shared");
-    let rescan = |blocks| options(blocks).rescan_interval(Some(Duration::from_millis(20)));
+    let rescan = |blocks| {
+        let budget = budget(blocks).with_rescan_interval(Some(Duration::from_millis(20)));
+        FsOptions::default().budget(Some(budget.unwrap()))
+    };
     let tiers: Vec<FsTier> = (0..3).map(|_| open(root.path(), rescan(8))).collect();
     for key in 0u64..90 {
         tiers[(key % 3) as usize].store(&key, &PAYLOAD).unwrap();
@@ -165,24 +173,12 @@ fn a_trim_from_another_process_is_forgotten_at_the_next_reconcile() {
 #[test]
 fn rescan_settings_are_checked() {
     let root = tempfile::tempdir().unwrap();
-    for (options, message) in [
-        (
-            FsOptions::default().rescan_interval(Some(Duration::from_secs(1))),
-            "capacity_bytes",
-        ),
-        (
-            options(1).rescan_interval(Some(Duration::ZERO)),
-            "rescan interval",
-        ),
-        (
-            options(1).rescan_interval(Some(Duration::from_secs(400 * 86_400))),
-            "rescan interval",
-        ),
-    ] {
-        match FsTier::open_with(root.path(), "ns", options) {
-            Err(TierError::Config(why)) => assert!(why.contains(message), "{why}"),
-            other => panic!("{other:?}"),
-        }
+    // A rescan needs a budget: it is one of a budget's settings, checked
+    // where the budget is built, one day at most.
+    for interval in [Duration::ZERO, Duration::from_secs(86_401)] {
+        let error = budget(1).with_rescan_interval(Some(interval)).unwrap_err();
+        assert_eq!(error.setting, "rescan_interval");
+        assert!(error.to_string().contains("(a day)"), "{error}");
     }
     let unbounded = FsTier::open(root.path(), "ns").unwrap();
     assert!(matches!(unbounded.reconcile(), Err(TierError::Config(_))));

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use kvtier::FsTier;
 use kvtier::capacity::Policy;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{BlockLayout, FsOptions, scan_directory};
 
 #[path = "common/files.rs"]
@@ -24,7 +25,7 @@ const FILE: u64 = 100;
 const PAYLOAD: [u8; 84] = [5; 84];
 
 fn open(root: &Path, blocks: u64) -> FsTier {
-    let options = FsOptions::default().capacity_bytes(Some(blocks * FILE));
+    let options = FsOptions::default().budget(Some(BudgetConfig::new(blocks * FILE).unwrap()));
     FsTier::open_with(root, "shared", options).expect("open")
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use common::s3::{S3Server, unique_bucket};
 use futures_util::StreamExt;
 use kvtier::capacity::Policy;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::S3Options;
 use kvtier::{ObjectTier, TierError};
 use object_store::memory::InMemory;
@@ -33,7 +34,11 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn budgeted(store: &Arc<dyn ObjectStore>, blocks: u64) -> ObjectTier {
     ObjectTier::new(store.clone(), "ns")
         .unwrap()
-        .with_capacity(blocks * BLOCK, Policy::Lru)
+        .with_budget(
+            BudgetConfig::new(blocks * BLOCK)
+                .unwrap()
+                .with_policy(Policy::Lru),
+        )
         .await
         .unwrap()
 }
@@ -54,7 +59,11 @@ async fn bytes_below(store: &dyn ObjectStore, prefix: &str) -> u64 {
 async fn stays_within(store: Arc<dyn ObjectStore>) {
     let tier = ObjectTier::new(store.clone(), "model/rank0")
         .unwrap()
-        .with_capacity(3 * BLOCK, Policy::Lru)
+        .with_budget(
+            BudgetConfig::new(3 * BLOCK)
+                .unwrap()
+                .with_policy(Policy::Lru),
+        )
         .await
         .unwrap();
     for key in 0u64..10 {
@@ -99,7 +108,14 @@ fn the_objects_stay_within_the_budget_on_a_loopback_s3_server() {
     let tier = ObjectTier::s3(&options, "model/rank0").unwrap();
     let runtime = runtime();
     runtime.block_on(async {
-        let tier = tier.with_capacity(3 * BLOCK, Policy::Lru).await.unwrap();
+        let tier = tier
+            .with_budget(
+                BudgetConfig::new(3 * BLOCK)
+                    .unwrap()
+                    .with_policy(Policy::Lru),
+            )
+            .await
+            .unwrap();
         for key in 0u64..6 {
             tier.store(&key, vec![key as u8; 84]).await.unwrap();
         }
@@ -111,7 +127,11 @@ fn the_objects_stay_within_the_budget_on_a_loopback_s3_server() {
         // A restart with a smaller budget lists the prefix on the server.
         let reopened = ObjectTier::s3(&options, "model/rank0")
             .unwrap()
-            .with_capacity(2 * BLOCK, Policy::Lru)
+            .with_budget(
+                BudgetConfig::new(2 * BLOCK)
+                    .unwrap()
+                    .with_policy(Policy::Lru),
+            )
             .await
             .unwrap();
         let report = reopened.scan_report().unwrap();
@@ -218,18 +238,28 @@ fn an_object_removed_or_damaged_behind_the_tiers_back_leaves_the_books() {
 #[test]
 fn a_budget_of_nothing_and_a_second_budget_are_config_errors() {
     runtime().block_on(async {
-        let zero = ObjectTier::memory("ns")
+        // A budget of nothing cannot be built: the capacity is non-zero.
+        let zero = BudgetConfig::new(0).unwrap_err();
+        assert_eq!(zero.setting, "capacity_bytes");
+        // A rescan interval: the object tier reconciles only at start.
+        let rescanning = BudgetConfig::new(10)
             .unwrap()
-            .with_capacity(0, Policy::Lru)
+            .with_rescan_interval(Some(std::time::Duration::from_secs(1)))
+            .unwrap();
+        let refused = ObjectTier::memory("ns")
+            .unwrap()
+            .with_budget(rescanning)
             .await;
-        assert!(matches!(zero, Err(TierError::Config(_))));
+        assert!(matches!(refused, Err(TierError::Config(why)) if why.contains("rescan_interval")));
         let tier = ObjectTier::memory("ns")
             .unwrap()
-            .with_capacity(10, Policy::Lru)
+            .with_budget(BudgetConfig::new(10).unwrap().with_policy(Policy::Lru))
             .await
             .unwrap();
         assert!(matches!(
-            tier.clone().with_capacity(10, Policy::Lru).await,
+            tier.clone()
+                .with_budget(BudgetConfig::new(10).unwrap().with_policy(Policy::Lru))
+                .await,
             Err(TierError::Config(_))
         ));
         assert!(matches!(

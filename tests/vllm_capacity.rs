@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use kvtier::capacity::Policy;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
 
 #[path = "common/files.rs"]
@@ -45,7 +46,13 @@ fn stores_stay_within_the_budget_and_an_evicted_blocks_load_fails_at_it() {
     let mut transfers = VllmTransfers::new(layout, region, 1, 1).unwrap();
     let capacity = 3 * BLOCK as u64;
     let report = transfers
-        .set_budget(capacity, Policy::Lru, Duration::from_secs(600))
+        .set_budget(
+            BudgetConfig::new(capacity)
+                .unwrap()
+                .with_policy(Policy::Lru)
+                .with_stale_temp_age(Some(Duration::from_secs(600)))
+                .unwrap(),
+        )
         .expect("budget");
     assert_eq!(report.blocks, 0);
     for n in 0..10u64 {
@@ -83,8 +90,37 @@ fn stores_stay_within_the_budget_and_an_evicted_blocks_load_fails_at_it() {
     assert_eq!(bytes_on_disk(&rank_dir), BLOCK as u64);
     assert!(
         transfers
-            .set_budget(capacity, Policy::Lru, Duration::ZERO)
+            .set_budget(
+                BudgetConfig::new(capacity)
+                    .unwrap()
+                    .with_policy(Policy::Lru)
+                    .with_stale_temp_age(Some(Duration::ZERO))
+                    .unwrap()
+            )
             .is_err(),
         "one budget"
     );
+}
+
+/// A budget smaller than one block would fail every store and show it only
+/// in a counter: refused where it is set, naming the setting and the
+/// block's size (issue 41); one block exactly is a budget.
+#[test]
+fn a_budget_smaller_than_one_block_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rank_dir = dir.path().join("model_0123456789ab_r0");
+    let layout = VllmFsLayout::new(&rank_dir).unwrap();
+    let region = PrimaryRegion::zeroed(2, BLOCK).unwrap();
+    let mut transfers = VllmTransfers::new(layout, region, 1, 1).unwrap();
+    let small = BudgetConfig::new(BLOCK as u64 - 1).unwrap();
+    match transfers.set_budget(small) {
+        Err(kvtier::TierError::Config(why)) => assert!(
+            why.starts_with("capacity_bytes is") && why.contains(&format!("({BLOCK} bytes)")),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let one = BudgetConfig::new(BLOCK as u64).unwrap();
+    assert!(transfers.set_budget(one).is_ok());
+    transfers.shutdown(Duration::ZERO);
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kvtier::Verdict;
 use kvtier::capacity::Policy;
 use kvtier::lookup::LookupTable;
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
 
 const BLOCK: usize = 4096;
@@ -38,7 +39,13 @@ impl Tier {
         transfers.record_changes(true);
         if let Some(blocks) = capacity_blocks {
             transfers
-                .set_budget(blocks * BLOCK as u64, Policy::Lru, Duration::from_secs(600))
+                .set_budget(
+                    BudgetConfig::new(blocks * BLOCK as u64)
+                        .unwrap()
+                        .with_policy(Policy::Lru)
+                        .with_stale_temp_age(Some(Duration::from_secs(600)))
+                        .unwrap(),
+                )
                 .unwrap();
         }
         Self {

@@ -539,7 +539,7 @@ fn thread_counts_past_the_cap_are_configuration_errors() {
         let region = PrimaryRegion::zeroed(1, BLOCK).unwrap();
         VllmTransfers::new(layout, region, load, store)
     };
-    let max = kvtier::tier::MAX_IO_THREADS;
+    let max = kvtier::settings::MAX_IO_THREADS;
     for (load, store) in [(1 << 40, 0), (max, 1), (1 << 63, 1 << 63), (usize::MAX, 1)] {
         match new(load, store) {
             Err(TierError::Config(message)) => {

@@ -7,33 +7,15 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::process::{Command, Output};
+mod run;
+
 use std::time::Duration;
+
+use run::{json, kvtier};
 
 use common::s3::{S3Server, unique_bucket};
 use kvtier::ObjectTier;
 use kvtier::tier::S3Options;
-
-fn kvtier(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(args)
-        .env_remove("AWS_ENDPOINT")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_ENDPOINT_URL_S3")
-        .env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .output()
-        .expect("run kvtier")
-}
-
-fn json(output: &Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("one JSON object")
-}
 
 /// The tier the CLI opens for `url`, opened the same way by the library.
 fn tier(url: &str) -> ObjectTier {

@@ -57,9 +57,7 @@ def tier(root, memory, **settings):
         primary_kv_view=memoryview(memory),
         tier_type="FsTier",
         root_dir=str(root),
-        n_read_threads=1,
-        n_write_threads=1,
-        **settings,
+        **{"n_read_threads": 1, "n_write_threads": 1, **settings},
     )
 
 
@@ -86,6 +84,33 @@ def test_a_refused_configuration_deletes_nothing(tmp_path, memory, bad):
     with pytest.raises(kvtier.ConfigError):
         tier(tmp_path, memory, capacity_bytes=BLOCK_BYTES, **bad)
     assert block_files(tmp_path) == stored
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        # The hostile pass of issue 41: each was accepted (True as 1 s, 1
+        # group or 1 thread; 'LRU'; a policy with no budget; a budget
+        # smaller than a block, after which every store failed), or refused
+        # with a message that did not name the setting.
+        ({"stale_temp_age": True}, "stale_temp_age is a number of seconds, not bool"),
+        ({"shutdown_grace": True}, "shutdown_grace is a number of seconds, not bool"),
+        ({"lookup_timeout": True}, "lookup_timeout is a number of seconds, not bool"),
+        ({"lookup_concurrency": True}, "lookup_concurrency is a whole number, not bool"),
+        ({"n_read_threads": True}, "n_read_threads is a whole number, not bool"),
+        ({"capacity_bytes": 10 * BLOCK_BYTES, "rescan_interval": True}, "rescan_interval is a number of seconds"),
+        ({"capacity_bytes": 10 * BLOCK_BYTES, "eviction_policy": "LRU"}, 'eviction_policy is "LRU"'),
+        ({"capacity_bytes": 10 * BLOCK_BYTES, "eviction_policy": "S3-FIFO"}, 'must be "lru" or "s3fifo"'),
+        ({"eviction_policy": "s3fifo"}, "eviction_policy is set without capacity_bytes"),
+        ({"capacity_bytes": BLOCK_BYTES - 1}, "capacity_bytes is 65535; it must hold at least one block"),
+        ({"lookup_concurrency": "4"}, "lookup_concurrency is a whole number, not str"),
+        ({"stale_temp_age": 86_401}, r"stale_temp_age is 86401 seconds, too long: at most 86400 \(a day\)"),
+    ],
+)
+def test_fs_tier_settings_pass_one_door_and_errors_name_them(tmp_path, memory, bad, message):
+    with pytest.raises(kvtier.ConfigError, match=message):
+        tier(tmp_path, memory, **bad)
+    assert block_files(tmp_path) == []
 
 
 def test_the_tiers_figures_are_vllms_metric_definitions_and_report_increases(tmp_path, memory):

@@ -163,8 +163,8 @@ class VllmTransfers:
         load_threads: int = 16,
         store_threads: int = 16,
         capacity_bytes: Optional[int] = None,
-        eviction_policy: str = "lru",
-        stale_temp_age: float = 600.0,
+        eviction_policy: Optional[str] = None,
+        stale_temp_age: Optional[float] = 600.0,
         rescan_interval: Optional[float] = None,
     ) -> None: ...
     def capacity_stats(self) -> Optional[dict[str, int]]: ...
@@ -191,6 +191,7 @@ class VllmTransfers:
     def path_of(self, key: bytes) -> _Path: ...
 
 def vllm_block_path(rank_dir: _Path, key: bytes) -> _Path: ...
+def check_settings(values: Mapping[str, Any], where: Optional[str] = None) -> dict[str, Any]: ...
 
 class BlockCopier:
     """KV blocks copied between an engine's KV-cache tensors and an offload

@@ -1,42 +1,10 @@
-//! A tier's byte budget as Python sees it: its settings checked into typed
-//! errors, its counters and its startup scan as dicts.
+//! A tier's byte budget as Python sees it: its counters, its startup scan
+//! and its reconciles as dicts (its settings: `settings.rs`).
 
-use kvtier::capacity::{CapacityStats, Policy};
+use kvtier::capacity::CapacityStats;
 use kvtier::tier::{ReconcileReport, ScanReport};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt};
-
-use crate::errors::config;
-
-/// `capacity_bytes`: `None` (no budget) or a whole number of bytes >= 1.
-pub(crate) fn capacity_of(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    // guard: P17-capacity-bytes-checked
-    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-        return Err(config(format!(
-            "capacity_bytes is a whole number of bytes, not {}",
-            value.get_type().name()?
-        )));
-    }
-    match value.extract::<u64>() {
-        Ok(bytes) if bytes >= 1 => Ok(Some(bytes)),
-        _ => Err(config(format!(
-            "capacity_bytes is {value}; it must be 1 to {} bytes",
-            u64::MAX
-        ))),
-    }
-}
-
-/// `eviction_policy`: `"lru"` or `"s3fifo"`.
-pub(crate) fn policy_of(name: &str) -> PyResult<Policy> {
-    Policy::from_name(name).ok_or_else(|| {
-        config(format!(
-            "eviction_policy is {name:?}; it must be \"lru\" or \"s3fifo\""
-        ))
-    })
-}
+use pyo3::types::PyDict;
 
 /// The budget's counters and gauges, by name.
 pub(crate) fn stats_dict<'py>(

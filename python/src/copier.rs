@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::errors::{config, guard};
+use crate::settings::threads_of;
 use crate::slot::{Owned, borrow, lend};
 
 /// A 2-D tensor's rows as an [`Extent`]: it must be on the CPU, its rows
@@ -100,19 +101,15 @@ impl PyBlockCopier {
 #[pymethods]
 impl PyBlockCopier {
     #[new]
-    #[pyo3(signature = (tensors, groups, blocks_per_chunk, *, threads = 2))]
+    #[pyo3(signature = (tensors, groups, blocks_per_chunk, *, threads = None))]
     fn new(
         tensors: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>, usize)>,
         groups: Vec<Vec<(usize, usize)>>,
         blocks_per_chunk: usize,
-        threads: usize,
+        threads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
-            if threads == 0 || threads > 256 {
-                return Err(config(format!(
-                    "a KV copier runs 1 to 256 threads, not {threads}"
-                )));
-            }
+            let threads = threads.map_or(Ok(2), |threads| threads_of("threads", threads))?;
             let chunk = |page: usize| page.saturating_mul(blocks_per_chunk);
             let mut cache = Vec::with_capacity(tensors.len());
             let mut memory = Vec::with_capacity(2 * tensors.len());

@@ -150,25 +150,10 @@ pub(crate) fn step_error(error: CoreStepError) -> PyErr {
     StepError::new_err(error.to_string())
 }
 
-/// The longest duration any option takes, in seconds: a year. Past it a
-/// value is a mistake, whatever the option.
-pub(crate) const MAX_SECONDS: f64 = 365.0 * 86_400.0;
-
-/// A duration option `name` given in seconds: a finite number from 0 to
-/// [`MAX_SECONDS`]; the error says which way it is out of range.
+/// A duration option `name` given in seconds: `kvtier::settings::seconds`'
+/// rule (a finite number from 0 to a day); the error names `name`.
 pub(crate) fn seconds(name: &str, value: f64) -> PyResult<std::time::Duration> {
-    // guard: P13-durations-bounded-with-clear-errors
-    if value.is_nan() || value < 0.0 {
-        return Err(config(format!(
-            "{name} is {value}; it must be a number of seconds >= 0"
-        )));
-    }
-    if value > MAX_SECONDS {
-        return Err(config(format!(
-            "{name} is {value} seconds, too long: at most {MAX_SECONDS} (a year)"
-        )));
-    }
-    Ok(std::time::Duration::from_secs_f64(value))
+    kvtier::settings::seconds(name, value).map_err(|error| config(error.to_string()))
 }
 
 pub(crate) fn config(message: impl Into<String>) -> PyErr {

@@ -30,6 +30,7 @@ mod lookup;
 mod probers;
 mod request;
 mod save;
+mod settings;
 mod slot;
 mod transfers;
 
@@ -43,6 +44,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     lookup::register(module)?;
     save::register(module)?;
     transfers::register(module)?;
+    module.add_function(wrap_pyfunction!(settings::check_settings, module)?)?;
     module.add_class::<lookup::LookupInspector>()?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -14,7 +14,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyWeakrefReference};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::errors::{lookup_error, seconds};
+use crate::errors::lookup_error;
+use crate::settings::{groups_of, seconds_of, threads_of};
 
 /// A block key as vLLM names it: the block hash and the group index.
 pub(crate) type Key = Vec<u8>;
@@ -160,14 +161,11 @@ pub(crate) fn native_config(settings: Option<&Bound<'_, PyDict>>) -> PyResult<To
     for (name, value) in settings.into_iter().flatten() {
         let name: String = name.extract()?;
         config = match name.as_str() {
-            "concurrency" => config.max_concurrent_groups(value.extract()?),
-            "group_timeout" => {
-                let timeout: Option<f64> = value.extract()?;
-                let timeout = timeout.map(|t| seconds("group_timeout", t)).transpose()?;
-                config.group_timeout(timeout)
-            }
-            "shutdown_grace" => config.shutdown_grace(seconds("shutdown_grace", value.extract()?)?),
-            "threads" => config.worker_threads(value.extract()?),
+            "concurrency" => config.max_concurrent_groups(groups_of("concurrency", &value)?),
+            "group_timeout" if value.is_none() => config.group_timeout(None),
+            "group_timeout" => config.group_timeout(Some(seconds_of("group_timeout", &value)?)),
+            "shutdown_grace" => config.shutdown_grace(seconds_of("shutdown_grace", &value)?),
+            "threads" => config.worker_threads(threads_of("threads", &value)?),
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "unexpected keyword argument {other:?}: a native prober takes {NATIVE_SETTINGS}"

@@ -10,7 +10,12 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::capacity::{capacity_of, policy_of, reconcile_dict, scan_dict, stats_dict};
+use crate::args::Unset;
+use crate::capacity::{reconcile_dict, scan_dict, stats_dict};
+use crate::settings::{Spelling, budget_of, capacity_of, thread_share_of};
+
+/// Load and store threads when not given.
+const DEFAULT_THREADS: usize = 16;
 use crate::errors::{config, guard, seconds, tier_error};
 use crate::slot::{Owned, lend};
 
@@ -110,45 +115,41 @@ impl PyVllmTransfers {
 impl PyVllmTransfers {
     #[new]
     #[pyo3(signature = (
-        rank_dir, primary, *, load_threads = 16, store_threads = 16,
-        capacity_bytes = None, eviction_policy = "lru", stale_temp_age = 600.0,
+        rank_dir, primary, *, load_threads = None, store_threads = None,
+        capacity_bytes = None, eviction_policy = None, stale_temp_age = Unset::default(),
         rescan_interval = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         rank_dir: PathBuf,
         primary: &Bound<'_, PyAny>,
-        load_threads: usize,
-        store_threads: usize,
+        load_threads: Option<&Bound<'_, PyAny>>,
+        store_threads: Option<&Bound<'_, PyAny>>,
         capacity_bytes: Option<&Bound<'_, PyAny>>,
-        eviction_policy: &str,
-        stale_temp_age: f64,
-        rescan_interval: Option<f64>,
+        eviction_policy: Option<&Bound<'_, PyAny>>,
+        stale_temp_age: Unset<Option<Bound<'_, PyAny>>>,
+        rescan_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             // Settings first: a bad one starts no thread and scans nothing.
-            let capacity = capacity_of(capacity_bytes)?;
-            let policy = policy_of(eviction_policy)?;
-            let stale = seconds("stale_temp_age", stale_temp_age)?;
-            let rescan = rescan_interval
-                .map(|interval| seconds("rescan_interval", interval))
-                .transpose()?;
-            if rescan.is_some() && capacity.is_none() {
-                return Err(config(
-                    "rescan_interval reconciles a byte budget: set capacity_bytes too",
-                ));
-            }
+            let threads = |name, value: Option<&Bound<'_, PyAny>>| {
+                value.map_or(Ok(DEFAULT_THREADS), |value| thread_share_of(name, value))
+            };
+            let load_threads = threads("load_threads", load_threads)?;
+            let store_threads = threads("store_threads", store_threads)?;
+            let budget = budget_of(
+                Spelling(None),
+                capacity_bytes,
+                eviction_policy,
+                stale_temp_age.0.as_ref().map(Option::as_ref),
+                rescan_interval,
+            )?;
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let region = region_of(primary)?;
             let mut inner = VllmTransfers::new(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
-            if let Some(capacity) = capacity {
-                inner
-                    .set_budget(capacity, policy, stale)
-                    .map_err(tier_error)?;
-            }
-            if let Some(interval) = rescan {
-                inner.rescan_every(interval).map_err(tier_error)?;
+            if let Some(budget) = budget {
+                inner.set_budget(budget).map_err(tier_error)?;
             }
             Ok(Self {
                 inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
@@ -322,9 +323,7 @@ impl PyVllmTransfers {
     /// the files fit it; returns how many it deleted.
     fn trim(&self, capacity_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
-            let Some(capacity) = capacity_of(Some(capacity_bytes))? else {
-                return Err(config("trim needs a capacity_bytes"));
-            };
+            let capacity = capacity_of("capacity_bytes", capacity_bytes)?;
             self.inner
                 .get_ref("trim")?
                 .trim(capacity)

@@ -329,7 +329,7 @@ def test_bad_input_raises_typed_errors(tmp_path):
         Lookup.vllm_fs("")
     with pytest.raises(TypeError, match="concurency"):
         Lookup.vllm_fs(tmp_path, concurency=2)  # a misspelt setting is not ignored
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError, match="threads is a whole number, not str"):
         Lookup.fs(tmp_path, "ns", threads="two")
     with pytest.raises(TierError):
         Lookup.fs(tmp_path / "missing", "ns")

@@ -82,3 +82,73 @@ def test_the_readmes_python_quick_start_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+def _stub_params(node: ast.FunctionDef) -> list[tuple[str, str]]:
+    """(name, kind) of a stub's parameters, `self` left out."""
+    args = node.args
+    params = [(a.arg, "positional") for a in args.posonlyargs + args.args]
+    if args.vararg:
+        params.append((args.vararg.arg, "*args"))
+    params += [(a.arg, "keyword") for a in args.kwonlyargs]
+    if args.kwarg:
+        params.append((args.kwarg.arg, "**kwargs"))
+    return [p for p in params if p[0] not in ("self", "cls")]
+
+
+def _runtime_params(item) -> list[tuple[str, str]] | None:
+    import inspect
+
+    try:
+        signature = inspect.signature(item)
+    except (TypeError, ValueError):
+        return None
+    kinds = {
+        inspect.Parameter.POSITIONAL_ONLY: "positional",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.VAR_POSITIONAL: "*args",
+        inspect.Parameter.KEYWORD_ONLY: "keyword",
+        inspect.Parameter.VAR_KEYWORD: "**kwargs",
+    }
+    return [(p.name, kinds[p.kind]) for p in signature.parameters.values() if p.name not in ("self", "cls")]
+
+
+def test_the_stubs_signatures_are_the_native_modules():
+    """Each stubbed function and method takes the parameters, by name and
+    kind, that the native module's own signature gives (issue 41: a stub
+    that drifts from the binding is a test failure, not a surprise)."""
+    tree = ast.parse((PACKAGE / "_native.pyi").read_text())
+    checked, wrong = 0, []
+    for node in tree.body:
+        pairs = []
+        if isinstance(node, ast.FunctionDef) and hasattr(_native, node.name):
+            pairs.append((node.name, node, getattr(_native, node.name)))
+        elif isinstance(node, ast.ClassDef) and hasattr(_native, node.name):
+            runtime = getattr(_native, node.name)
+            for item in node.body:
+                if not isinstance(item, ast.FunctionDef):
+                    continue
+                member = runtime if item.name == "__init__" else vars(runtime).get(item.name)
+                if member is None or isinstance(member, property):
+                    continue
+                if item.name == "__init__" and not getattr(runtime, "__text_signature__", None):
+                    continue
+                pairs.append((f"{node.name}.{item.name}", item, member))
+        for name, stub, runtime in pairs:
+            found = _runtime_params(runtime)
+            if found is None:
+                continue
+            checked += 1
+            stubbed = _stub_params(stub)
+            # A native `**settings` takes the keywords its docs list, which
+            # the stub spells out; a native `*args` takes the positionals.
+            if found and found[-1][1] == "**kwargs":
+                found = found[:-1]
+                stubbed = [p for p in stubbed if p[1] != "keyword" or p in found]
+            if found and found[-1][1] == "*args":
+                found = found[:-1]
+                stubbed = [p for p in stubbed if p[1] != "positional" or p in found]
+            if stubbed != found:
+                wrong.append(f"{name}: stub {_stub_params(stub)} != native {found}")
+    assert checked > 50, checked
+    assert wrong == [], "\n".join(wrong)

@@ -507,29 +507,14 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
     /// ledger (at its last unpin, if pinned). Returns whether it was
     /// resident.
     pub fn lose(&mut self, key: &K) -> bool {
-        let Some(entry) = self.entries.get_mut(key) else {
-            return false;
-        };
-        let State::Resident { pins, lost } = &mut entry.state else {
-            return false;
-        };
-        if *lost {
-            return false;
+        let unlost = matches!(
+            self.entries.get(key).map(|entry| &entry.state),
+            Some(State::Resident { lost: false, .. })
+        );
+        if unlost {
+            self.stats.lost += 1;
         }
-        self.stats.lost += 1;
-        self.order.remove(key);
-        if *pins > 0 {
-            *lost = true;
-        } else {
-            let bytes = entry.bytes;
-            self.entries.remove(key);
-            self.evictable_bytes -= bytes;
-            self.stats.resident_bytes -= bytes;
-            self.stats.entries -= 1;
-        }
-        self.note(key, false);
-        self.depart(key);
-        true
+        unlost && self.leave_resident(key)
     }
 
     /// A block found on disk when the tier opens, newest first: it is
@@ -549,23 +534,7 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
                 cause: Cause::StartupTrim,
             });
         }
-        let incarnation = self.incarnation();
-        self.order.insert_cold(&key, bytes);
-        self.entries.insert(
-            key,
-            Entry {
-                bytes,
-                state: State::Resident {
-                    pins: 0,
-                    lost: false,
-                },
-                incarnation,
-                since: self.clock,
-            },
-        );
-        self.stats.resident_bytes += bytes;
-        self.evictable_bytes += bytes;
-        self.stats.entries += 1;
+        self.enter_resident(key, bytes, true);
         None
     }
 

@@ -68,6 +68,7 @@ mod listings;
 mod policy;
 mod reconcile;
 mod recording;
+mod residency;
 mod shared;
 mod stats;
 

@@ -26,12 +26,13 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The policy a configuration names: `"lru"` or `"s3fifo"` (also
-    /// `"s3-fifo"`), in any case.
+    /// The policy a configuration names: `"lru"` or `"s3fifo"`, exactly
+    /// as [`name`](Self::name) gives them (one spelling everywhere, so an
+    /// error that lists them lists every name accepted).
     pub fn from_name(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
+        match name {
             "lru" => Some(Self::Lru),
-            "s3fifo" | "s3-fifo" => Some(Self::S3Fifo),
+            "s3fifo" => Some(Self::S3Fifo),
             _ => None,
         }
     }

@@ -32,7 +32,7 @@
 use std::collections::HashSet;
 use std::hash::Hash;
 
-use super::ledger::{CapacityLedger, Cause, Entry, State, Victim};
+use super::ledger::{CapacityLedger, Cause, State, Victim};
 use super::listings::Listing;
 
 /// What a [`reconcile`](CapacityLedger::reconcile) changed.
@@ -146,49 +146,17 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
     }
 
     fn adopt(&mut self, key: K, bytes: u64) {
-        let incarnation = self.incarnation();
-        self.order.insert(&key, bytes);
         self.note(&key, true);
-        self.entries.insert(
-            key,
-            Entry {
-                bytes,
-                state: State::Resident {
-                    pins: 0,
-                    lost: false,
-                },
-                incarnation,
-                since: self.clock,
-            },
-        );
-        self.stats.resident_bytes += bytes;
-        self.evictable_bytes += bytes;
-        self.stats.entries += 1;
+        self.enter_resident(key, bytes, false);
         self.stats.adopted += 1;
     }
 
     /// A resident, unlost block leaves the books (at its last unpin, if
     /// pinned).
     fn forget(&mut self, key: &K) {
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        let State::Resident { pins, lost } = &mut entry.state else {
-            return;
-        };
-        self.stats.forgotten += 1;
-        self.order.remove(key);
-        if *pins > 0 {
-            *lost = true;
-        } else {
-            let bytes = entry.bytes;
-            self.entries.remove(key);
-            self.evictable_bytes -= bytes;
-            self.stats.resident_bytes -= bytes;
-            self.stats.entries -= 1;
+        if self.leave_resident(key) {
+            self.stats.forgotten += 1;
         }
-        self.note(key, false);
-        self.depart(key);
     }
 }
 

@@ -302,8 +302,11 @@ fn s3fifo_keeps_a_hot_set_through_a_scan_that_flushes_lru() {
 
 #[test]
 fn policies_are_named_in_configurations() {
-    assert_eq!(Policy::from_name("LRU"), Some(Policy::Lru));
-    assert_eq!(Policy::from_name("s3-fifo"), Some(Policy::S3Fifo));
+    assert_eq!(Policy::from_name("lru"), Some(Policy::Lru));
+    assert_eq!(Policy::from_name("s3fifo"), Some(Policy::S3Fifo));
+    // One spelling: the names an error lists are the names accepted.
+    assert_eq!(Policy::from_name("LRU"), None);
+    assert_eq!(Policy::from_name("s3-fifo"), None);
     assert_eq!(Policy::from_name("clock"), None);
     assert_eq!(Policy::S3Fifo.name(), "s3fifo");
 }

@@ -129,7 +129,7 @@ pub struct BlockCopier {
 }
 
 impl BlockCopier {
-    /// A copier over `layout`'s memory, on `threads` threads (1 to [`MAX_IO_THREADS`](crate::tier::MAX_IO_THREADS), clamped;
+    /// A copier over `layout`'s memory, on `threads` threads (1 to [`MAX_IO_THREADS`](crate::settings::MAX_IO_THREADS), clamped;
     /// about half of them serve loads first, the rest stores first).
     ///
     /// # Safety
@@ -146,7 +146,7 @@ impl BlockCopier {
         keep_alive: Box<dyn Any + Send + Sync>,
     ) -> Result<Self, CopyError> {
         // guard: H2-copier-threads-capped
-        let threads = threads.clamp(1, crate::tier::MAX_IO_THREADS);
+        let threads = threads.clamp(1, crate::settings::MAX_IO_THREADS);
         let pool = IoPool::with_lanes([threads - threads / 2, threads / 2], "kvtier-kv-copy")
             .map_err(CopyError::Threads)?;
         Ok(Self {
@@ -213,11 +213,8 @@ impl BlockCopier {
     /// The jobs that ended since the last call, each reported once. Never
     /// blocks.
     pub fn finished(&mut self) -> Vec<FinishedCopy> {
-        let submitted = std::mem::take(&mut self.submitted);
-        let reported = self.jobs.get_finished_outcomes(&submitted);
-        self.submitted = submitted;
-        self.submitted.clear();
-        reported
+        self.jobs
+            .take_finished_outcomes(&mut self.submitted)
             .into_iter()
             .map(|(job, outcome)| FinishedCopy {
                 id: job.id,

@@ -1,83 +1,51 @@
 //! Counters of the save-completion protocol.
 
-/// A snapshot of a [`SaveTracker`](crate::SaveTracker)'s counters (one
-/// worker's view).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveStats {
-    /// Steps begun ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)).
-    pub steps: u64,
-    /// Requests that started being tracked (their free is delayed).
-    pub recorded: u64,
-    /// Tasks accepted by [`submit`](crate::SaveTracker::submit).
-    pub tasks_submitted: u64,
-    /// Submissions the store refused ([`submit_failed`](crate::SaveTracker::submit_failed)).
-    pub submit_failures: u64,
-    /// Tasks found complete by a non-blocking check and reaped.
-    pub tasks_reaped: u64,
-    /// Tasks waited for while still running: by a blocking `get_finished`, a
-    /// preemption fence or [`wait_all`](crate::SaveTracker::wait_all).
-    pub tasks_waited: u64,
-    /// Tasks whose wait returned [`TaskError::Failed`](crate::save::TaskError::Failed).
-    pub task_failures: u64,
-    /// Tasks whose wait returned [`TaskError::TimedOut`](crate::save::TaskError::TimedOut).
-    pub task_timeouts: u64,
-    /// Tasks whose wait returned [`TaskError::Abandoned`](crate::save::TaskError::Abandoned).
-    pub tasks_abandoned: u64,
-    /// Panics caught in a task's `check` or `wait`.
-    pub task_panics: u64,
-    /// Requests reported by `get_finished` (each exactly once).
-    pub reported: u64,
-    /// Finished requests that could not be reported in the call that passed
-    /// them (a task was still running); they are reported by a later call.
-    pub deferred: u64,
-    /// Finished ids that were never recorded as saving: not reported, since
-    /// the scheduler did not delay their free.
-    pub not_delayed: u64,
-    /// Finished ids passed again after they had already finished (ignored).
-    pub repeated_finishes: u64,
-    /// Request ids submitted with a task although no step recorded them. The
-    /// scheduler did not delay their free, so their blocks may be released
-    /// while the task reads them: a bug in the caller, logged and counted.
-    pub unrecorded_saves: u64,
-    /// Preemption fences run: [`handle_preemptions`](crate::SaveTracker::handle_preemptions)
-    /// calls, and steps with preempted requests.
-    pub preemption_fences: u64,
-}
+use crate::counters::counters;
 
-impl SaveStats {
-    /// How many counters there are.
-    pub const COUNT: usize = 16;
-
-    /// Every counter with its field's name, in declaration order: for an
-    /// exporter (a metrics registry, a Python dict) that should not list
-    /// the fields again.
-    ///
-    /// ```
-    /// use kvtier::save::SaveStats;
-    ///
-    /// let stats = SaveStats::default();
-    /// assert_eq!(stats.counters()[0], ("steps", 0));
-    /// ```
-    pub fn counters(&self) -> [(&'static str, u64); Self::COUNT] {
-        [
-            ("steps", self.steps),
-            ("recorded", self.recorded),
-            ("tasks_submitted", self.tasks_submitted),
-            ("submit_failures", self.submit_failures),
-            ("tasks_reaped", self.tasks_reaped),
-            ("tasks_waited", self.tasks_waited),
-            ("task_failures", self.task_failures),
-            ("task_timeouts", self.task_timeouts),
-            ("tasks_abandoned", self.tasks_abandoned),
-            ("task_panics", self.task_panics),
-            ("reported", self.reported),
-            ("deferred", self.deferred),
-            ("not_delayed", self.not_delayed),
-            ("repeated_finishes", self.repeated_finishes),
-            ("unrecorded_saves", self.unrecorded_saves),
-            ("preemption_fences", self.preemption_fences),
-        ]
+counters! {
+    /// A snapshot of a [`SaveTracker`](crate::SaveTracker)'s counters (one
+    /// worker's view).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct SaveStats {
+        /// Steps begun ([`SaveTracker::begin_step`](crate::SaveTracker::begin_step)).
+        pub steps: u64,
+        /// Requests that started being tracked (their free is delayed).
+        pub recorded: u64,
+        /// Tasks accepted by [`submit`](crate::SaveTracker::submit).
+        pub tasks_submitted: u64,
+        /// Submissions the store refused ([`submit_failed`](crate::SaveTracker::submit_failed)).
+        pub submit_failures: u64,
+        /// Tasks found complete by a non-blocking check and reaped.
+        pub tasks_reaped: u64,
+        /// Tasks waited for while still running: by a blocking `get_finished`, a
+        /// preemption fence or [`wait_all`](crate::SaveTracker::wait_all).
+        pub tasks_waited: u64,
+        /// Tasks whose wait returned [`TaskError::Failed`](crate::save::TaskError::Failed).
+        pub task_failures: u64,
+        /// Tasks whose wait returned [`TaskError::TimedOut`](crate::save::TaskError::TimedOut).
+        pub task_timeouts: u64,
+        /// Tasks whose wait returned [`TaskError::Abandoned`](crate::save::TaskError::Abandoned).
+        pub tasks_abandoned: u64,
+        /// Panics caught in a task's `check` or `wait`.
+        pub task_panics: u64,
+        /// Requests reported by `get_finished` (each exactly once).
+        pub reported: u64,
+        /// Finished requests that could not be reported in the call that passed
+        /// them (a task was still running); they are reported by a later call.
+        pub deferred: u64,
+        /// Finished ids that were never recorded as saving: not reported, since
+        /// the scheduler did not delay their free.
+        pub not_delayed: u64,
+        /// Finished ids passed again after they had already finished (ignored).
+        pub repeated_finishes: u64,
+        /// Request ids submitted with a task although no step recorded them. The
+        /// scheduler did not delay their free, so their blocks may be released
+        /// while the task reads them: a bug in the caller, logged and counted.
+        pub unrecorded_saves: u64,
+        /// Preemption fences run: [`handle_preemptions`](crate::SaveTracker::handle_preemptions)
+        /// calls, and steps with preempted requests.
+        pub preemption_fences: u64,
     }
 }
 

@@ -289,6 +289,16 @@ where
         reported
     }
 
+    /// [`get_finished_outcomes`](Self::get_finished_outcomes) of the
+    /// requests in `submitted`, which it then empties, its allocation kept
+    /// for the next step's: how a driver that reports every job it
+    /// submitted (vLLM's transfers, the KV copier) takes its reports.
+    pub fn take_finished_outcomes(&mut self, submitted: &mut Vec<R>) -> Vec<(R, SaveOutcome)> {
+        let reported = self.get_finished_outcomes(submitted);
+        submitted.clear();
+        reported
+    }
+
     fn finished_into(&mut self, finished: &[R], emit: impl FnMut(R, SaveOutcome)) {
         let started = self.ledger.finish(finished);
         // guard: S1-blocking-mode-waits

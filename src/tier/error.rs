@@ -179,3 +179,9 @@ impl TierError {
         }
     }
 }
+
+impl From<crate::settings::SettingError> for TierError {
+    fn from(error: crate::settings::SettingError) -> Self {
+        TierError::Config(error.to_string())
+    }
+}

@@ -104,6 +104,22 @@ pub(super) fn is_link_refused(error: &io::Error) -> bool {
     return false;
 }
 
+/// The metadata of an open `file` (at `path`), which must be a regular
+/// file: anything else (a directory, a FIFO, a device) is
+/// [`TierError::NotABlock`].
+pub(super) fn regular_file(file: &File, path: &Path) -> Result<fs::Metadata, TierError> {
+    let metadata = file
+        .metadata()
+        .map_err(|error| TierError::io("stat", path, error))?;
+    if !metadata.is_file() {
+        return Err(TierError::NotABlock {
+            path: path.display().to_string(),
+            what: kind_of(&metadata.file_type()),
+        });
+    }
+    Ok(metadata)
+}
+
 /// What a non-regular file is, for errors.
 pub(super) fn kind_of(kind: &fs::FileType) -> &'static str {
     #[cfg(unix)]

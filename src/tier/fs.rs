@@ -11,8 +11,8 @@ use super::error::{ReconcileReport, ScanReport};
 #[cfg(tokio_driver)]
 use super::files::stat_blocking;
 use super::files::{
-    PathWriter, create_shards, exists, is_absent, is_link_refused, kind_of, name_fits,
-    open_for_read, read_block, refuse_link, refuse_linked_shards, relative_name_fits,
+    PathWriter, create_shards, exists, is_absent, is_link_refused, name_fits, open_for_read,
+    read_block, refuse_link, refuse_linked_shards, regular_file, relative_name_fits,
 };
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
@@ -131,15 +131,18 @@ impl FsTier {
         }
         // What tells `kvtier trim` that the directory is a tier's.
         mark_kvtier_tier(&dir)?;
-        let (budget, scan) = match options.capacity_bytes {
+        let stale_temp_age = options
+            .budget
+            .map_or(Duration::MAX, |config| config.sweep_age());
+        let (budget, scan) = match options.budget {
             None => (None, None),
-            Some(capacity) => {
+            Some(config) => {
                 let (budget, report) = DirBudget::scan(
-                    capacity,
-                    options.policy,
+                    config.capacity().get(),
+                    config.policy(),
                     &dir,
                     BlockLayout::Kvtier,
-                    options.stale_temp_age,
+                    config.sweep_age(),
                 )?;
                 (Some(budget), Some(report))
             }
@@ -147,13 +150,13 @@ impl FsTier {
         let pool = IoPool::start(options.io_threads, "kvtier-fs-io")
             .map_err(|source| TierError::io("start I/O threads for", &dir, source))?;
         // guard: E34-a-rescan-interval-starts-the-thread
-        let rescanner = match (&budget, options.rescan_interval) {
+        let rescanner = match (&budget, options.budget.and_then(|c| c.rescan_interval())) {
             (Some(budget), Some(interval)) => Some(
                 Rescanner::start(
                     budget.clone(),
                     dir.clone(),
                     BlockLayout::Kvtier,
-                    options.stale_temp_age,
+                    stale_temp_age,
                     interval,
                 )
                 .map_err(|source| TierError::io("start the rescan thread for", &dir, source))?,
@@ -164,7 +167,7 @@ impl FsTier {
             inner: Arc::new(Inner {
                 budget,
                 scan,
-                stale_temp_age: options.stale_temp_age,
+                stale_temp_age,
                 _rescanner: rescanner,
                 root,
                 namespace: namespace.to_owned(),
@@ -255,15 +258,7 @@ impl FsTier {
             }
             Err(error) => return Err(TierError::io("open", path, error)),
         };
-        let metadata = file
-            .metadata()
-            .map_err(|error| TierError::io("stat", path, error))?;
-        if !metadata.is_file() {
-            return Err(TierError::NotABlock {
-                path: path.display().to_string(),
-                what: kind_of(&metadata.file_type()),
-            });
-        }
+        let metadata = regular_file(&file, path)?;
         if !follow {
             refuse_linked_shards(path)?;
         }
@@ -306,10 +301,11 @@ impl FsTier {
     ///
     /// ```
     /// use kvtier::FsTier;
+    /// use kvtier::settings::BudgetConfig;
     /// use kvtier::tier::FsOptions;
     ///
     /// let root = tempfile::tempdir()?;
-    /// let budget = || FsOptions::default().capacity_bytes(Some(300));
+    /// let budget = || FsOptions::default().budget(Some(BudgetConfig::new(300).unwrap()));
     /// let (a, b) = (
     ///     FsTier::open_with(root.path(), "ns", budget())?,
     ///     FsTier::open_with(root.path(), "ns", budget())?,
@@ -332,7 +328,7 @@ impl FsTier {
                 self.inner.stale_temp_age,
             ),
             None => Err(TierError::Config(
-                "the tier has no byte budget to reconcile (FsOptions::capacity_bytes)".into(),
+                "the tier has no byte budget to reconcile (FsOptions::budget)".into(),
             )),
         }
     }

@@ -1,12 +1,9 @@
 //! The settings of an [`FsTier`](super::FsTier), checked when it opens.
 
-use std::time::Duration;
-
 use super::error::TierError;
 #[cfg(doc)]
 use super::fs::FsTier;
-use super::limits::MAX_IO_THREADS;
-use crate::capacity::Policy;
+use crate::settings::{BudgetConfig, thread_count};
 
 /// Settings of an [`FsTier`]. Start from `FsOptions::default()` and change
 /// what you need; [`FsTier::open_with`] checks them (as
@@ -26,33 +23,26 @@ pub struct FsOptions {
     pub(super) sync_data: bool,
     pub(super) max_block_bytes: u64,
     pub(super) follow_symlinks: bool,
-    pub(super) capacity_bytes: Option<u64>,
-    pub(super) policy: Policy,
-    pub(super) stale_temp_age: Duration,
-    pub(super) rescan_interval: Option<Duration>,
+    pub(super) budget: Option<BudgetConfig>,
 }
 
 impl Default for FsOptions {
     /// Two I/O threads, no data sync, blocks up to 256 MiB, symbolic links
-    /// below the root not followed, no byte budget (LRU when one is set),
-    /// temporary files older than 10 minutes swept when a budget's scan
-    /// runs, no rescans.
+    /// below the root not followed, no byte budget.
     fn default() -> Self {
         Self {
             io_threads: 2,
             sync_data: false,
             max_block_bytes: 256 << 20,
             follow_symlinks: false,
-            capacity_bytes: None,
-            policy: Policy::Lru,
-            stale_temp_age: Duration::from_secs(600),
-            rescan_interval: None,
+            budget: None,
         }
     }
 }
 
 impl FsOptions {
-    /// Threads that run [`FsTier::save`]s (1 to 1024).
+    /// Threads that run [`FsTier::save`]s (1 to
+    /// [`MAX_IO_THREADS`](crate::settings::MAX_IO_THREADS)).
     pub fn io_threads(mut self, threads: usize) -> Self {
         self.io_threads = threads;
         self
@@ -88,20 +78,32 @@ impl FsOptions {
 
     /// A byte budget for the namespace's block files (`None`: unbounded,
     /// the default). With one, the tier opens by scanning the namespace
-    /// (the newest blocks that fit are counted, older ones deleted, stale
-    /// temporary files swept), a store first gets room (evicting blocks by
-    /// the [`policy`](Self::policy); a store that cannot is
-    /// [`TierError::NoRoom`], nothing lost), a load pins its block, and the
-    /// files' bytes stay at or under the budget (see
-    /// [`FsTier::capacity_stats`]).
+    /// (the newest blocks that fit are counted, older ones deleted,
+    /// temporary files older than the budget's `stale_temp_age` swept), a
+    /// store first gets room (evicting blocks by the budget's policy; a
+    /// store that cannot is [`TierError::NoRoom`], nothing lost), a load
+    /// pins its block, and the files' bytes stay at or under the capacity
+    /// (see [`FsTier::capacity_stats`]).
+    ///
+    /// With a `rescan_interval`, the budget is reconciled with the
+    /// directory that often on a thread of the tier's own. Set one when
+    /// several processes (engines, hosts on one mount, the CLI) share the
+    /// namespace with the same budget: each reconcile counts the blocks the
+    /// others wrote and forgets those they deleted, then evicts down to the
+    /// capacity, so their total stays within the capacity plus what they
+    /// write in about one interval (see [`FsTier::reconcile`]). Each
+    /// reconcile lists the namespace: pick an interval well above the
+    /// listing's time (docs/performance.md has it at 10^6 files).
     ///
     /// ```
     /// use kvtier::FsTier;
+    /// use kvtier::settings::BudgetConfig;
     /// use kvtier::tier::FsOptions;
     ///
     /// let root = tempfile::tempdir()?;
     /// // Room for two 16-byte payloads (each file adds a 16-byte header).
-    /// let tier = FsTier::open_with(root.path(), "ns", FsOptions::default().capacity_bytes(Some(64)))?;
+    /// let options = FsOptions::default().budget(Some(BudgetConfig::new(64)?));
+    /// let tier = FsTier::open_with(root.path(), "ns", options)?;
     /// for key in 0u64..3 {
     ///     tier.store(&key, &[7; 16])?;
     /// }
@@ -110,45 +112,14 @@ impl FsOptions {
     /// assert_eq!((stats.resident_bytes, stats.evictions), (64, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn capacity_bytes(mut self, capacity: Option<u64>) -> Self {
-        self.capacity_bytes = capacity;
-        self
-    }
-
-    /// Which blocks a full budget evicts first (LRU by default).
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// How old a temporary file must be for the budget's startup scan to
-    /// delete it as a dead writer's (10 minutes by default; longer than
-    /// the slowest store on the mount, since a younger file may be a live
-    /// writer's in another process).
-    pub fn stale_temp_age(mut self, age: Duration) -> Self {
-        self.stale_temp_age = age;
-        self
-    }
-
-    /// How often the budget is reconciled with the directory, on a thread
-    /// of the tier's own (`None`, the default: never, only at open). Set it
-    /// when several processes (engines, hosts on one mount, the CLI) share
-    /// the namespace with the same budget: each reconcile counts the blocks
-    /// the others wrote and forgets those they deleted, then evicts down to
-    /// the capacity, so their total stays within the capacity plus what
-    /// they write in about one interval (see [`FsTier::reconcile`]). Each
-    /// reconcile lists the namespace: pick an interval well above the
-    /// listing's time (docs/performance.md has it at 10^6 files). Needs a
-    /// budget; from [`MIN_RESCAN_INTERVAL`](super::MIN_RESCAN_INTERVAL) to
-    /// [`MAX_RESCAN_INTERVAL`](super::MAX_RESCAN_INTERVAL).
-    pub fn rescan_interval(mut self, interval: Option<Duration>) -> Self {
-        self.rescan_interval = interval;
+    pub fn budget(mut self, budget: Option<BudgetConfig>) -> Self {
+        self.budget = budget;
         self
     }
 
     /// The configured byte budget.
-    pub fn get_capacity_bytes(&self) -> Option<u64> {
-        self.capacity_bytes
+    pub fn get_budget(&self) -> Option<&BudgetConfig> {
+        self.budget.as_ref()
     }
 
     /// The configured I/O threads.
@@ -173,25 +144,12 @@ impl FsOptions {
 
     /// Checks every setting; the error says which is out of range and why.
     pub fn validate(&self) -> Result<(), TierError> {
-        if !(1..=MAX_IO_THREADS).contains(&self.io_threads) {
-            return Err(TierError::Config(format!(
-                "io_threads is {}; it must be 1 to {MAX_IO_THREADS}",
-                self.io_threads
-            )));
-        }
+        thread_count("io_threads", self.io_threads as u64)?;
         if !(1..=MAX_BLOCK_LIMIT).contains(&self.max_block_bytes) {
             return Err(TierError::Config(format!(
                 "max_block_bytes is {}; it must be 1 to {MAX_BLOCK_LIMIT}",
                 self.max_block_bytes
             )));
-        }
-        if let Some(interval) = self.rescan_interval {
-            super::rescan::check_interval(interval)?;
-            if self.capacity_bytes.is_none() {
-                return Err(TierError::Config(
-                    "rescan_interval reconciles a byte budget: set capacity_bytes too".into(),
-                ));
-            }
         }
         Ok(())
     }

@@ -23,7 +23,6 @@ mod fs;
 #[cfg(fs_tier)]
 mod fs_options;
 mod key;
-mod limits;
 #[cfg(tiers)]
 mod names;
 #[cfg(object_tier)]
@@ -79,11 +78,9 @@ pub use format::Corruption;
 #[cfg(fs_tier)]
 pub use fs::{FsOptions, FsSaveTask, FsTier};
 pub use key::{BlockKey, check_namespace};
-pub use limits::MAX_IO_THREADS;
 #[cfg(object_tier)]
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(fs_tier)]
-pub use rescan::{MAX_RESCAN_INTERVAL, MIN_RESCAN_INTERVAL};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 pub use save::SaveTask;

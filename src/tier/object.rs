@@ -13,8 +13,9 @@ use super::object_budget::ObjectBudget;
 use super::objects::{head, put, store_error};
 use super::s3::S3Options;
 use super::save::{SaveTask, finish};
-use crate::capacity::{CapacityStats, Policy};
+use crate::capacity::CapacityStats;
 use crate::lookup::AsyncBackend;
+use crate::settings::BudgetConfig;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::task::{Semaphore, SemaphorePermit};
@@ -133,11 +134,13 @@ impl ObjectTier {
     }
 
     /// Bounds the bytes of this tier's blocks (its namespace: a bucket
-    /// prefix) to `capacity_bytes`. Lists the namespace now (the startup
-    /// scan): the newest blocks that fit are counted, older ones deleted.
-    /// From then on every store gets room first, deleting blocks by
-    /// `policy` (a store that cannot is [`TierError::NoRoom`], nothing
-    /// lost), and every load pins its block. Clones share the budget.
+    /// prefix) to the budget's capacity. Lists the namespace now (the
+    /// startup scan): the newest blocks that fit are counted, older ones
+    /// deleted. From then on every store gets room first, deleting blocks
+    /// by the budget's policy (a store that cannot is
+    /// [`TierError::NoRoom`], nothing lost), and every load pins its block.
+    /// Clones share the budget. A budget with a `rescan_interval` is
+    /// refused: this tier reconciles only at start.
     ///
     /// The budget counts what this tier found and wrote: another process
     /// writing to the same prefix is not counted until its next scan (see
@@ -145,10 +148,10 @@ impl ObjectTier {
     ///
     /// ```
     /// use kvtier::ObjectTier;
-    /// use kvtier::capacity::Policy;
+    /// use kvtier::settings::BudgetConfig;
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let tier = ObjectTier::memory("ns")?.with_capacity(200, Policy::Lru).await?;
+    /// let tier = ObjectTier::memory("ns")?.with_budget(BudgetConfig::new(200)?).await?;
     /// for key in 0u64..4 {
     ///     tier.store(&key, vec![0; 84]).await?; // 100 bytes with the header
     /// }
@@ -158,14 +161,11 @@ impl ObjectTier {
     /// # Ok::<(), kvtier::TierError>(())
     /// # }).unwrap();
     /// ```
-    pub async fn with_capacity(
-        mut self,
-        capacity_bytes: u64,
-        policy: Policy,
-    ) -> Result<Self, TierError> {
-        if capacity_bytes == 0 {
+    pub async fn with_budget(mut self, budget: BudgetConfig) -> Result<Self, TierError> {
+        if budget.rescan_interval().is_some() {
             return Err(TierError::Config(
-                "capacity_bytes is 0: a budget must hold at least one block".into(),
+                "rescan_interval is set; the object tier reconciles its budget only at start"
+                    .into(),
             ));
         }
         if self.budget.is_some() {
@@ -174,7 +174,13 @@ impl ObjectTier {
             ));
         }
         let prefix = ObjectPath::from(self.namespace.as_str());
-        let budget = ObjectBudget::scan(&*self.store, &prefix, capacity_bytes, policy).await?;
+        let budget = ObjectBudget::scan(
+            &*self.store,
+            &prefix,
+            budget.capacity().get(),
+            budget.policy(),
+        )
+        .await?;
         self.budget = Some(Arc::new(budget));
         Ok(self)
     }

@@ -80,12 +80,12 @@ impl IoPool {
         // A last line behind the callers' typed checks: a thread count never
         // sizes an allocation unchecked.
         let total = threads[0].checked_add(threads[1]);
-        let Some(total) = total.filter(|&total| total <= super::limits::MAX_IO_THREADS) else {
+        let Some(total) = total.filter(|&total| total <= crate::settings::MAX_IO_THREADS) else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!(
                     "at most {} I/O threads, not {threads:?}",
-                    super::limits::MAX_IO_THREADS
+                    crate::settings::MAX_IO_THREADS
                 ),
             ));
         };

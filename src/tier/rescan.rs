@@ -12,12 +12,6 @@ use super::tree::BlockLayout;
 use crate::sync::thread::{Builder, JoinHandle};
 use crate::sync::{Arc, Condvar, Mutex};
 
-/// The shortest interval accepted: a reconcile lists the whole directory.
-pub const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(10);
-
-/// The longest interval accepted: a year.
-pub const MAX_RESCAN_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
-
 /// The running thread; stopped and joined on drop.
 pub(crate) struct Rescanner {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -79,15 +73,4 @@ impl Drop for Rescanner {
             let _ = thread.join();
         }
     }
-}
-
-/// Checks an interval: from [`MIN_RESCAN_INTERVAL`] to
-/// [`MAX_RESCAN_INTERVAL`].
-pub(crate) fn check_interval(interval: Duration) -> Result<(), super::error::TierError> {
-    if !(MIN_RESCAN_INTERVAL..=MAX_RESCAN_INTERVAL).contains(&interval) {
-        return Err(super::error::TierError::Config(format!(
-            "a rescan interval is {MIN_RESCAN_INTERVAL:?} to {MAX_RESCAN_INTERVAL:?}, not {interval:?}"
-        )));
-    }
-    Ok(())
 }

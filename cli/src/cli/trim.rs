@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use kvtier::capacity::Policy;
+use kvtier::settings::{BudgetConfig, parse_bytes};
 use kvtier::tier::{BlockLayout, ScanReport, check_namespace, check_tier_dir, scan_directory};
 
 use super::failure::Failure;
@@ -42,7 +43,7 @@ pub(crate) struct TrimArgs {
     layout: String,
     /// The budget: bytes, or with a unit (K, M, G, T: powers of 1024),
     /// e.g. 50G. Without it nothing is deleted: the usage is printed.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, allow_hyphen_values = true)]
     capacity: Option<u64>,
     /// Temporary files older than this many seconds are deleted (a live
     /// writer's is younger: keep it above your slowest store).
@@ -59,41 +60,18 @@ pub(crate) struct TrimArgs {
     json: bool,
 }
 
-/// A byte count: digits, optionally followed by K, M, G or T (powers of
-/// 1024, an optional trailing `B` or `iB`).
+/// `--capacity`: a byte size by `kvtier::settings::parse_bytes`' one
+/// grammar, at least 1 byte (0 would delete every block).
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size: digits, then K, M, G or T"))?;
-    let shift = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}: use K, M, G or T"
-            ));
-        }
-    };
-    let bytes = number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is more bytes than fit 64 bits"))?;
-    if bytes == 0 {
-        return Err("a capacity of 0 bytes would delete every block; give at least 1".into());
-    }
-    Ok(bytes)
+    let bytes = parse_bytes("--capacity", text).map_err(|error| error.to_string())?;
+    BudgetConfig::new(bytes)
+        .map(|budget| budget.capacity().get())
+        .map_err(|error| {
+            format!(
+                "{}: a capacity of 0 bytes would delete every block; give at least 1",
+                error.spelled("--capacity")
+            )
+        })
 }
 
 pub(crate) fn run(args: &TrimArgs) -> Result<(), Failure> {
@@ -133,7 +111,7 @@ fn run_fs(args: &TrimArgs, root: &Path) -> Result<(), Failure> {
 }
 
 /// The object tier's namespace listed once; with a budget, the newest
-/// objects that fit kept and the rest deleted, as `ObjectTier::with_capacity`
+/// objects that fit kept and the rest deleted, as `ObjectTier::with_budget`
 /// does when a tier opens.
 fn run_s3(args: &TrimArgs, url: &str) -> Result<(), Failure> {
     let (tier, namespace) = s3::connect(url)?;
@@ -143,7 +121,7 @@ fn run_s3(args: &TrimArgs, url: &str) -> Result<(), Failure> {
         .block_on(async {
             match args.capacity {
                 Some(capacity) => tier
-                    .with_capacity(capacity, Policy::Lru)
+                    .with_budget(BudgetConfig::new(capacity)?)
                     .await
                     .map(|tier| tier.scan_report().unwrap_or_default()),
                 None => tier.usage().await,

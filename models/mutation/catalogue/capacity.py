@@ -215,7 +215,7 @@ MUTATIONS = [
     Mutation(
         "E34-a-rescan-interval-starts-the-thread",
         "rescan_interval is accepted and ignored: tiers sharing a namespace never learn of each other's blocks",
-        [("        let rescanner = match (&budget, options.rescan_interval) {",
+        [("        let rescanner = match (&budget, options.budget.and_then(|c| c.rescan_interval())) {",
           "        let rescanner = match (&budget, None::<Duration>) {")],
         TEST + ["-p", "kvtier", "--test", "fs_reconcile", "tiers_rescanning"],
     ),

@@ -55,7 +55,7 @@ MUTATIONS = [
     Mutation(
         "N8-capacity-bytes-reaches-the-tier",
         "kvtier.vllm.FsTier takes \"capacity_bytes\" and ignores it: its files grow without bound",
-        [("            capacity_bytes=capacity_bytes,", "            capacity_bytes=None,")],
+        [("            \"capacity_bytes\": capacity_bytes,", "            \"capacity_bytes\": None,")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_capacity_bytes_in_the_tier_config"),
     ),
     Mutation(
@@ -86,18 +86,21 @@ MUTATIONS = [
     Mutation(
         "N13-rescan-interval-reaches-the-tier",
         "the tier takes rescan_interval and never passes it on: engines sharing a directory never learn of each other's blocks",
-        [("                rescan_interval=rescan_interval,\n            )",
-          "                rescan_interval=None,\n            )")],
+        [("            \"rescan_interval\": rescan_interval,", "            \"rescan_interval\": None,")],
         in_vllm("own", "test_kvtier_in_vllm.py", "test_engines_sharing_a_directory"),
     ),
     Mutation(
         "N14-settings-are-checked-before-the-scan",
-        "kvtier.vllm.FsTier builds its transfers (whose startup scan trims) before its lookup checks its settings",
-        [("        lookup = Lookup.vllm_fs(\n            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout\n        )\n        try:",
+        "kvtier.vllm.FsTier builds its transfers (whose startup scan trims) before any setting is checked",
+        [("        settings = check_settings(settings)\n", ""),
+         ("        lookup = Lookup.vllm_fs(\n"
+          "            rank_dir, concurrency=settings[\"lookup_concurrency\"], group_timeout=settings[\"lookup_timeout\"]\n"
+          "        )\n        try:",
           "        try:"),
          ("        except BaseException:\n            lookup.shutdown()\n            raise\n",
           "        except BaseException:\n            raise\n        lookup = Lookup.vllm_fs(\n"
-          "            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout\n        )\n")],
+          "            rank_dir, concurrency=settings[\"lookup_concurrency\"], group_timeout=settings[\"lookup_timeout\"]\n"
+          "        )\n")],
         in_vllm("own", "test_operators_in_vllm.py", "test_a_refused_configuration_deletes_nothing"),
     ),
     Mutation(
@@ -162,8 +165,9 @@ MUTATIONS = [
     Mutation(
         "K7-settings-are-checked",
         "the connector's int settings are taken unchecked: staging_bytes=0, io_threads=True pass",
-        [("    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:",
-          "    if False:")],
+        [("        checked = check_settings(\n            {name: extra.get(name, default) for name, default in _DEFAULTS.items()},\n"
+          "            \"kv_connector_extra_config\",\n        )",
+          "        checked = {name: extra.get(name, default) for name, default in _DEFAULTS.items()}")],
         in_vllm("connector", "test_connector_in_vllm.py", "test_bad_settings_are_config_errors"),
     ),
     Mutation(

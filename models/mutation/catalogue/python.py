@@ -118,7 +118,7 @@ MUTATIONS = [
     Mutation(
         "P13-durations-bounded-with-clear-errors",
         "a duration too long for a Duration reaches the converter, which panics or says it is negative",
-        [("    if value > MAX_SECONDS {", "    if false {")],
+        [("    if value > MAX_DURATION.as_secs_f64() {", "    if false {")],
         pytest("tests/test_hostile_config.py::test_a_duration_too_long_says_so"),
     ),
     Mutation(
@@ -126,5 +126,18 @@ MUTATIONS = [
         "capacity_bytes=True is taken as a 1-byte budget instead of a ConfigError",
         [("    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {", "    if false {")],
         pytest("tests/test_capacity.py::test_bad_budget_settings_are_config_errors"),
+    ),
+    Mutation(
+        "P18-booleans-are-not-settings",
+        "a bool is taken as a number of seconds: stale_temp_age=True means 1 s and sweeps a live writer's file",
+        [("    if value.is_instance_of::<PyBool>()\n        || !(value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>())",
+          "    if !(value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>())")],
+        pytest("tests/test_settings.py::test_a_bool_is_never_a_number"),
+    ),
+    Mutation(
+        "P19-budget-settings-need-a-capacity",
+        "eviction_policy or rescan_interval without capacity_bytes is silently ignored",
+        [("            if set {", "            if false && set {")],
+        pytest("tests/test_settings.py::test_a_budget_setting_without_a_capacity_is_refused"),
     ),
 ]

@@ -5,7 +5,6 @@ that crosses from the scheduler to the workers and back."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -17,56 +16,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.kv_offload.file_mapper import FileMapper
 
-from .._native import ConfigError
-from ._layout import check_root_dir
+from .._native import ConfigError, check_settings
+from ._layout import check_root_dir, rank_dir_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-# The longest waits a setting may ask for (seconds): a day.
-_MAX_SECONDS = 86_400.0
-
-
-def _int(extra: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = extra.get(name, default)
-    # guard: K7-settings-are-checked
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"kv_connector_extra_config[{name!r}] is an int from {low} to {high}, not {value!r}")
-    return value
-
-
-def _capacity(extra: Mapping[str, Any]) -> Optional[int]:
-    """``capacity_bytes``: the byte budget of each rank's directory, or
-    ``None`` (unbounded)."""
-    value = extra.get("capacity_bytes")
-    if value is None:
-        return None
-    return _int(extra, "capacity_bytes", 0, 1, 2**64 - 1)
-
-
-def _policy(extra: Mapping[str, Any]) -> str:
-    value = extra.get("eviction_policy", "lru")
-    if value not in ("lru", "s3fifo"):
-        raise ConfigError(f"kv_connector_extra_config['eviction_policy'] is 'lru' or 's3fifo', not {value!r}")
-    return value
-
-
-def _seconds(extra: Mapping[str, Any], name: str, default: Optional[float], allow_none: bool) -> Optional[float]:
-    value = extra.get(name, default)
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 <= value <= _MAX_SECONDS
-    ):
-        raise ConfigError(
-            f"kv_connector_extra_config[{name!r}] is a number of seconds from 0 to {_MAX_SECONDS:.0f}, "
-            f"not {value!r}"
-        )
-    return float(value)
+#: The settings kvtier's one set of rules checks (``check_settings``), with
+#: the connector's defaults.
+_DEFAULTS: dict[str, Any] = {
+    "staging_bytes": 64 << 20,
+    "copy_threads": 2,
+    "io_threads": 4,
+    "lookup_concurrency": 4,
+    "lookup_timeout": 2.0,
+    "shutdown_grace": 2.0,
+    "stale_temp_age": 600.0,
+    "capacity_bytes": None,
+    "eviction_policy": None,
+    "rescan_interval": None,
+}
 
 
 _KNOWN = {
@@ -102,7 +72,7 @@ class ConnectorSettings:
     blocking_save: bool
     world_size: int
     capacity_bytes: Optional[int] = None
-    eviction_policy: str = "lru"
+    eviction_policy: Optional[str] = None
     rescan_interval: Optional[float] = None
     run_config: dict[str, Any] = field(default_factory=dict)
 
@@ -122,6 +92,11 @@ class ConnectorSettings:
             )
         if "root_dir" not in extra:
             raise ConfigError("kv_connector_extra_config needs 'root_dir': the directory blocks are stored in")
+        # guard: K7-settings-are-checked
+        checked = check_settings(
+            {name: extra.get(name, default) for name, default in _DEFAULTS.items()},
+            "kv_connector_extra_config",
+        )
         root_dir = check_root_dir(extra["root_dir"])
         blocking = extra.get("blocking_save", False)
         if not isinstance(blocking, bool):
@@ -155,23 +130,23 @@ class ConnectorSettings:
             base_path=mapper.base_path,
             agnostic=mapper.rank == 0 and agnostic,
             block_size=block_size,
-            staging_bytes=_int(extra, "staging_bytes", 64 << 20, 1, 1 << 40),
-            copy_threads=_int(extra, "copy_threads", 2, 1, 256),
-            io_threads=_int(extra, "io_threads", 4, 1, 256),
-            lookup_concurrency=_int(extra, "lookup_concurrency", 4, 1, 4096),
-            lookup_timeout=_seconds(extra, "lookup_timeout", 2.0, True),
-            shutdown_grace=_seconds(extra, "shutdown_grace", 2.0, False) or 0.0,
-            stale_temp_age=_seconds(extra, "stale_temp_age", 600.0, True),
+            staging_bytes=checked["staging_bytes"],
+            copy_threads=checked["copy_threads"],
+            io_threads=checked["io_threads"],
+            lookup_concurrency=checked["lookup_concurrency"],
+            lookup_timeout=checked["lookup_timeout"],
+            shutdown_grace=checked["shutdown_grace"],
+            stale_temp_age=checked["stale_temp_age"],
             blocking_save=blocking,
             world_size=world,
-            capacity_bytes=_capacity(extra),
-            eviction_policy=_policy(extra),
-            rescan_interval=_seconds(extra, "rescan_interval", None, True),
+            capacity_bytes=checked["capacity_bytes"],
+            eviction_policy=checked["eviction_policy"],
+            rescan_interval=checked["rescan_interval"],
             run_config=mapper.get_run_config(),
         )
 
     def rank_dir(self, rank: int) -> str:
-        return f"{self.base_path}_r{0 if self.agnostic else rank}"
+        return rank_dir_of(self.base_path, 0 if self.agnostic else rank)
 
     def write_run_config(self) -> None:
         """The run's settings next to its blocks, as vLLM's fs tier writes

@@ -30,9 +30,7 @@ from typing import Optional, Sequence
 import torch
 
 from .._native import BlockCopier, VllmTransfers
-
-#: A stale age no temporary file reaches: a budget's scan sweeps none.
-_NEVER = 365.0 * 86_400.0
+from ._transfers import open_transfers
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -106,7 +104,7 @@ class DumpEngine:
         io_threads: int,
         stale_temp_age: Optional[float] = None,
         capacity_bytes: Optional[int] = None,
-        eviction_policy: str = "lru",
+        eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
         record_changes: bool = False,
     ) -> None:
@@ -128,18 +126,18 @@ class DumpEngine:
         self._copier: Optional[BlockCopier] = BlockCopier(copier_tensors, groups, 1, threads=copy_threads)
         # A byte budget's scan sweeps the stale temporary files at once;
         # without one they are swept in the background.
-        self._transfers: Optional[VllmTransfers] = VllmTransfers(
+        self._transfers: Optional[VllmTransfers] = open_transfers(
             rank_dir,
             self._staging.numpy(),
             load_threads=io_threads,
             store_threads=io_threads,
-            capacity_bytes=capacity_bytes,
-            eviction_policy=eviction_policy,
-            stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
-            rescan_interval=rescan_interval,
+            settings={
+                "capacity_bytes": capacity_bytes,
+                "eviction_policy": eviction_policy,
+                "stale_temp_age": stale_temp_age,
+                "rescan_interval": rescan_interval,
+            },
         )
-        if capacity_bytes is None and stale_temp_age is not None:
-            self._transfers.sweep_stale_temps(stale_temp_age)
         # For take_changes: the blocks stored and deleted, in order.
         self._transfers.record_changes(record_changes)
         self.rank_dir = rank_dir

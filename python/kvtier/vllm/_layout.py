@@ -113,7 +113,7 @@ def rank_dir(root: str | os.PathLike[str], *, rank: int = 0, **settings: Any) ->
         rank = 0
     if rank < 0:
         raise ValueError(f"rank {rank} is negative")
-    return f"{base_dir(root, **settings)}_r{rank}"
+    return rank_dir_of(base_dir(root, **settings), rank)
 
 
 def block_path(rank_directory: str | os.PathLike[str], key: bytes) -> str:
@@ -140,3 +140,9 @@ def check_root_dir(root_dir: object) -> str:
     if "\0" in path:
         raise ConfigError(f"root_dir {path!r} contains a NUL character")
     return path
+
+
+def rank_dir_of(base_path: str, rank: int) -> str:
+    """The directory of rank ``rank`` below a run's base directory, as
+    vLLM's fs tier names it."""
+    return f"{base_path}_r{rank}"

@@ -50,7 +50,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from .._native import BlockCopier
+from .._native import BlockCopier, check_settings
 from ._tensors import block_rows
 from .regions import remove_orphaned_regions_once
 
@@ -136,10 +136,10 @@ class CpuTieringSpec(TieringOffloadingSpec):
                 "CpuTieringSpec does not support canonical_layout: remove it from "
                 "kv_connector_extra_config"
             )
-        threads = self.extra_config.get("copy_threads", 2)
-        if not isinstance(threads, int) or not 1 <= threads <= 256:
-            raise ValueError(f"copy_threads is an int from 1 to 256, not {threads!r}")
-        self._copy_threads = threads
+        checked = check_settings(
+            {"copy_threads": self.extra_config.get("copy_threads", 2)}, "kv_connector_extra_config"
+        )
+        self._copy_threads = checked["copy_threads"]
         # What engines killed at SIGTERM left in /dev/shm (see regions.py).
         remove_orphaned_regions_once()
 

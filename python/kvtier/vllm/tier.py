@@ -55,9 +55,10 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from .._native import ConfigError, Lookup, VllmTransfers, vllm_block_path
-from ._layout import check_root_dir
+from .._native import Lookup, VllmTransfers, check_settings, vllm_block_path
+from ._layout import check_root_dir, rank_dir_of
 from ._lookup import AsyncLookupManager
+from ._transfers import open_transfers
 from .metrics import Figures, lookup_figures, metric_definitions
 from .regions import remove_orphaned_regions_once
 
@@ -71,11 +72,6 @@ logger = logging.getLogger("kvtier.vllm")
 
 __all__ = ["FsTier"]
 
-# The longest shutdown grace (seconds): a day; vLLM kills its engine
-# processes 5 s after SIGTERM by default anyway.
-_MAX_GRACE = 86_400.0
-# A stale age no temporary file reaches: the budget's scan sweeps none.
-_NEVER = 365.0 * 86_400.0
 
 
 # Keys whose paths the construction-time layout check compares: one-, two-
@@ -173,15 +169,29 @@ class FsTier(SecondaryTierManager):
         shutdown_grace: float = 2.0,
         stale_temp_age: Optional[float] = 600.0,
         capacity_bytes: Optional[int] = None,
-        eviction_policy: str = "lru",
+        eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        if not 0 <= shutdown_grace <= _MAX_GRACE:
-            raise ConfigError(
-                f"shutdown_grace is {shutdown_grace!r}; it must be 0 to {_MAX_GRACE:.0f} seconds"
-            )
-        self._shutdown_grace = float(shutdown_grace)
+        # Every setting is checked first, by kvtier's one set of rules, and
+        # before anything on disk changes: a bad one leaves the directory as
+        # it was and starts no thread.
+        settings = {
+            "n_read_threads": n_read_threads,
+            "n_write_threads": n_write_threads,
+            "lookup_concurrency": lookup_concurrency,
+            "lookup_timeout": lookup_timeout,
+            "shutdown_grace": shutdown_grace,
+            "stale_temp_age": stale_temp_age,
+            # guard: N8-capacity-bytes-reaches-the-tier
+            "capacity_bytes": capacity_bytes,
+            "eviction_policy": eviction_policy,
+            # guard: N13-rescan-interval-reaches-the-tier
+            "rescan_interval": rescan_interval,
+        }
+        # guard: N14-settings-are-checked-before-the-scan
+        settings = check_settings(settings)
+        self._shutdown_grace = settings["shutdown_grace"]
         root_dir = check_root_dir(root_dir)
         self._closed = False
         # Blocks whose load failed and whose lookups were marked a miss.
@@ -205,30 +215,23 @@ class FsTier(SecondaryTierManager):
             blocks_per_file=offloading_spec.blocks_per_chunk,
             parallel_agnostic=True,
         )
-        rank_dir = f"{self.file_mapper.base_path}_r{self.file_mapper.rank}"
-        # Every setting is checked before anything on disk changes: the
-        # layout, the lookup's settings (Lookup.vllm_fs touches no file),
-        # then the transfers' (checked before their startup scan deletes
-        # anything). A bad one leaves the directory as it was.
+        rank_dir = rank_dir_of(self.file_mapper.base_path, self.file_mapper.rank)
+        # The layout is checked before anything on disk changes too.
         _check_layout(self.file_mapper, rank_dir)
         # guard: N14-settings-are-checked-before-the-scan
         lookup = Lookup.vllm_fs(
-            rank_dir, concurrency=lookup_concurrency, group_timeout=lookup_timeout
+            rank_dir, concurrency=settings["lookup_concurrency"], group_timeout=settings["lookup_timeout"]
         )
         try:
             # With a budget, the scan at construction sweeps the stale
-            # temporary files (all of them are kept when the sweep is off).
-            # guard: N8-capacity-bytes-reaches-the-tier
-            # guard: N13-rescan-interval-reaches-the-tier
-            self._transfers = VllmTransfers(
+            # temporary files; without one they are swept in the background
+            # (all of them are kept when stale_temp_age is None).
+            self._transfers = open_transfers(
                 rank_dir,
                 primary_kv_view,
-                load_threads=n_read_threads,
-                store_threads=n_write_threads,
-                capacity_bytes=capacity_bytes,
-                eviction_policy=eviction_policy,
-                stale_temp_age=_NEVER if stale_temp_age is None else stale_temp_age,
-                rescan_interval=rescan_interval,
+                load_threads=settings["n_read_threads"],
+                store_threads=settings["n_write_threads"],
+                settings=settings,
             )
         # guard: N14-settings-are-checked-before-the-scan
         except BaseException:
@@ -238,13 +241,13 @@ class FsTier(SecondaryTierManager):
         # The lookups learn of every store and deletion (see _settle_changes).
         # guard: N11-the-tier-records-its-changes
         self._transfers.record_changes(True)
-        if capacity_bytes is not None:
+        if settings["capacity_bytes"] is not None:
             report = self._transfers.scan_report()
             logger.info(
                 "tier %r: %d bytes budget, %d blocks (%d bytes) found, %d trimmed, %d stale temporary "
                 "files swept, in %.2f s",
                 tier_type,
-                capacity_bytes,
+                settings["capacity_bytes"],
                 report["blocks"],
                 report["bytes"],
                 report["trimmed"],
@@ -257,8 +260,6 @@ class FsTier(SecondaryTierManager):
                     tier_type,
                     report["failed"],
                 )
-        elif stale_temp_age is not None:
-            self._transfers.sweep_stale_temps(stale_temp_age)
         # guard: N3-the-native-lookup-answers-vllms-verdicts
         lookup.set_verdicts(LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY)
         # The groups' times to verdict, for /metrics (see get_stats).
@@ -270,7 +271,7 @@ class FsTier(SecondaryTierManager):
         self.lookup = lookup.lookup  # type: ignore[method-assign]
         # Buffered I/O: kvtier's transfers do not use O_DIRECT.
         self._use_o_direct = False
-        self._pool = _Pool(self._transfers, n_read_threads + n_write_threads)
+        self._pool = _Pool(self._transfers, settings["n_read_threads"] + settings["n_write_threads"])
         # What engines killed at SIGTERM left in /dev/shm (see regions.py).
         remove_orphaned_regions_once()
 

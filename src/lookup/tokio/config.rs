@@ -119,11 +119,11 @@ impl TokioConfig {
 
 /// The most groups probed at once: far more than any tier serves, and a
 /// caller's number never sizes a semaphore unchecked.
-pub(super) const MAX_CONCURRENT_GROUPS: usize = 1 << 16;
+pub(super) const MAX_CONCURRENT_GROUPS: usize = crate::settings::MAX_CONCURRENT_GROUPS;
 
 /// The most runtime threads [`Lookup::tokio`](crate::Lookup::tokio) starts: more only costs
 /// memory (a million of them abort the process).
-pub(super) const MAX_WORKER_THREADS: usize = 1024;
+pub(super) const MAX_WORKER_THREADS: usize = crate::settings::MAX_IO_THREADS;
 
 #[cfg(test)]
 mod tests {

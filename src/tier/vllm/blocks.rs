@@ -18,7 +18,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use super::super::files::{is_absent, kind_of, open_for_read};
+use super::super::files::{is_absent, open_for_read, regular_file};
 use super::super::format::Corruption;
 use super::super::tree::create_temp_in_shard;
 use super::layout::vllm_temp_name;
@@ -79,15 +79,7 @@ fn write_all_then_rename(mut file: File, bytes: &[u8], tmp: &Path, path: &Path) 
 /// links, as vLLM's does.
 pub(crate) fn load_block(path: &Path, into: &mut [u8]) -> Result<(), TierError> {
     let file = open_for_read(path, true).map_err(|error| TierError::io("open", path, error))?;
-    let metadata = file
-        .metadata()
-        .map_err(|error| TierError::io("stat", path, error))?;
-    if !metadata.is_file() {
-        return Err(TierError::NotABlock {
-            path: path.display().to_string(),
-            what: kind_of(&metadata.file_type()),
-        });
-    }
+    let metadata = regular_file(&file, path)?;
     let expected = into.len() as u64;
     let corrupt = |found| TierError::Corrupt {
         location: path.display().to_string(),

@@ -14,8 +14,8 @@ pub(crate) struct Budget {
     pub(crate) dir: DirBudget,
     pub(super) scan: ScanReport,
     pub(super) stale_temp_age: Duration,
-    /// The rescan thread, once [`rescan_every`](super::VllmTransfers::rescan_every)
-    /// started it (stopped at shutdown).
+    /// The rescan thread, when the budget has a rescan interval (stopped
+    /// at shutdown).
     pub(super) rescanner: Option<Rescanner>,
 }
 

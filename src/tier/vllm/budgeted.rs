@@ -3,49 +3,79 @@
 //! directory when other processes share it (once, or on a thread every
 //! interval).
 
-use std::time::Duration;
-
 use super::books::Budget;
 use super::transfers::VllmTransfers;
-use crate::capacity::{CapacityStats, Policy};
+use crate::capacity::CapacityStats;
+use crate::settings::{BudgetConfig, SettingError};
 use crate::tier::budget::DirBudget;
 use crate::tier::error::{ReconcileReport, ScanReport, TierError};
-use crate::tier::rescan::{Rescanner, check_interval};
+use crate::tier::rescan::Rescanner;
 use crate::tier::tree::BlockLayout;
 
 impl VllmTransfers {
-    /// Bounds the rank directory's block files to `capacity` bytes: scans
-    /// it now (the newest blocks that fit are counted, older ones deleted,
-    /// temporary files older than `stale_temp_age` deleted), then every
-    /// store gets room first (evicting by `policy`; a store that cannot is
-    /// a failed job, nothing lost) and every load pins its blocks. Call it
-    /// once, before the first job.
-    pub fn set_budget(
-        &mut self,
-        capacity: u64,
-        policy: Policy,
-        stale_temp_age: Duration,
-    ) -> Result<&ScanReport, TierError> {
+    /// Bounds the rank directory's block files to the budget's capacity:
+    /// scans it now (the newest blocks that fit are counted, older ones
+    /// deleted, temporary files older than the budget's `stale_temp_age`
+    /// deleted), then every store gets room first (evicting by the
+    /// budget's policy; a store that cannot is a failed job, nothing lost)
+    /// and every load pins its blocks. With a `rescan_interval`, the
+    /// budget is reconciled with the directory that often on a thread of
+    /// its own until [`shutdown`](Self::shutdown) (see
+    /// [`FsOptions::budget`](crate::tier::FsOptions::budget) for when to).
+    /// A capacity smaller than one block (every store would fail) is
+    /// refused. Call it once, before the first job.
+    pub fn set_budget(&mut self, config: BudgetConfig) -> Result<&ScanReport, TierError> {
         if self.budget.is_some() {
             return Err(TierError::Config(
                 "the transfers have a byte budget already".into(),
             ));
         }
+        if self.region().is_none() {
+            return Err(TierError::Config("the transfers are shut down".into()));
+        }
+        let capacity = config.capacity().get();
+        let block = self.shape().1 as u64;
+        // guard: H10-a-budget-holds-a-block
+        if capacity < block {
+            return Err(SettingError::new(
+                "capacity_bytes",
+                format!("is {capacity}; it must hold at least one block ({block} bytes)"),
+            )
+            .into());
+        }
         let (dir, scan) = DirBudget::scan(
             capacity,
-            policy,
+            config.policy(),
             self.layout.rank_dir(),
             BlockLayout::Vllm,
-            stale_temp_age,
+            config.sweep_age(),
         )?;
         if self.changes.is_some() {
             dir.record_changes(true);
         }
+        let rescanner = match config.rescan_interval() {
+            None => None,
+            Some(interval) => {
+                let rank_dir = self.layout.rank_dir();
+                Some(
+                    Rescanner::start(
+                        dir.clone(),
+                        rank_dir.to_path_buf(),
+                        BlockLayout::Vllm,
+                        config.sweep_age(),
+                        interval,
+                    )
+                    .map_err(|source| {
+                        TierError::io("start the rescan thread for", rank_dir, source)
+                    })?,
+                )
+            }
+        };
         let budget = Budget {
             dir,
             scan,
-            stale_temp_age,
-            rescanner: None,
+            stale_temp_age: config.sweep_age(),
+            rescanner,
         };
         Ok(&self.budget.insert(budget).scan)
     }
@@ -80,39 +110,6 @@ impl VllmTransfers {
             BlockLayout::Vllm,
             budget.stale_temp_age,
         )
-    }
-
-    /// Reconciles the budget with the rank directory every `interval` on a
-    /// thread of its own, until [`shutdown`](Self::shutdown) (see
-    /// [`FsOptions::rescan_interval`](crate::tier::FsOptions::rescan_interval)
-    /// for when to). Needs a budget; once only.
-    pub fn rescan_every(&mut self, interval: Duration) -> Result<(), TierError> {
-        check_interval(interval)?;
-        let rank_dir = self.layout.rank_dir().to_path_buf();
-        let running = self.region().is_some();
-        let budget = match &mut self.budget {
-            Some(budget) => budget,
-            None => {
-                return Err(TierError::Config(
-                    "the transfers have no byte budget to reconcile (set_budget)".into(),
-                ));
-            }
-        };
-        if budget.rescanner.is_some() || !running {
-            return Err(TierError::Config(
-                "the transfers rescan already, or are shut down".into(),
-            ));
-        }
-        let rescanner = Rescanner::start(
-            budget.dir.clone(),
-            rank_dir.clone(),
-            BlockLayout::Vllm,
-            budget.stale_temp_age,
-            interval,
-        )
-        .map_err(|source| TierError::io("start the rescan thread for", &rank_dir, source))?;
-        budget.rescanner = Some(rescanner);
-        Ok(())
     }
 
     fn budget(&self) -> Result<&Budget, TierError> {

@@ -22,11 +22,11 @@ use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::save::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
+use crate::settings::MAX_IO_THREADS;
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::tier::budget::DirBudget;
 use crate::tier::error::TierError;
-use crate::tier::limits::MAX_IO_THREADS;
 use crate::tier::pool::IoPool;
 
 /// Whether a job stores blocks into the tier or loads them out of it.
@@ -390,12 +390,9 @@ impl VllmTransfers {
     /// The jobs that ended since the last call, each reported once. Never
     /// blocks.
     pub fn finished(&mut self) -> Vec<FinishedTransfer> {
-        let submitted = std::mem::take(&mut self.submitted);
-        let reported = self.jobs.get_finished_outcomes(&submitted);
-        // The vector's allocation is kept for the next step's jobs.
-        self.submitted = submitted;
-        self.submitted.clear();
-        let finished: Vec<FinishedTransfer> = reported
+        let finished: Vec<FinishedTransfer> = self
+            .jobs
+            .take_finished_outcomes(&mut self.submitted)
             .into_iter()
             .map(|(job, outcome)| FinishedTransfer {
                 id: job.id,

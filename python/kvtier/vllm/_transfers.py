@@ -1,0 +1,38 @@
+"""vLLM's transfers of a rank directory, as the tier and the connector both
+open them: checked settings in, a byte budget when one is set, and the
+stale temporary files swept in the background when none is (a budget's
+own scan sweeps them at once)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from .._native import VllmTransfers
+
+
+def open_transfers(
+    rank_dir: str,
+    primary: Any,
+    *,
+    load_threads: int,
+    store_threads: int,
+    settings: Mapping[str, Any],
+) -> VllmTransfers:
+    """``settings``: the budget's four settings as ``check_settings``
+    returned them (``capacity_bytes``, ``eviction_policy``,
+    ``stale_temp_age``, ``rescan_interval``); passed through unchanged."""
+    capacity: Optional[int] = settings.get("capacity_bytes")
+    stale: Optional[float] = settings.get("stale_temp_age")
+    transfers = VllmTransfers(
+        rank_dir,
+        primary,
+        load_threads=load_threads,
+        store_threads=store_threads,
+        capacity_bytes=capacity,
+        eviction_policy=settings.get("eviction_policy"),
+        stale_temp_age=stale,
+        rescan_interval=settings.get("rescan_interval"),
+    )
+    if capacity is None and stale is not None:
+        transfers.sweep_stale_temps(stale)
+    return transfers

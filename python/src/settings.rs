@@ -1,0 +1,305 @@
+//! Settings from Python, checked by the core's rules (`kvtier::settings`)
+//! and nothing else: a value of the wrong kind (a `bool` where a number
+//! goes, a `str` where an int goes) is refused here, its range there, and
+//! every error names the setting as the caller wrote it.
+//!
+//! `check_settings(values, where=None)` is the one door the Python layers
+//! (`FsTier`, the connector, `CpuTieringSpec`) pass their settings through
+//! before they build anything: it knows each setting's kind, refuses a
+//! budget setting without `capacity_bytes`, and returns the values as the
+//! bindings take them.
+
+use std::time::Duration;
+
+use kvtier::settings::{
+    self, BudgetConfig, SettingError, group_count, policy_named, region_bytes, thread_count,
+    thread_share,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+
+use crate::errors::config;
+
+/// A refused setting as the `ConfigError` Python sees.
+pub(crate) fn setting_error(error: SettingError) -> PyErr {
+    config(error.to_string())
+}
+
+/// How a layer above spells a setting: `None` for keyword arguments,
+/// `kv_connector_extra_config` for vLLM's extra-config keys.
+#[derive(Clone, Copy)]
+pub(crate) struct Spelling<'a>(pub(crate) Option<&'a str>);
+
+impl Spelling<'_> {
+    pub(crate) fn of(&self, name: &str) -> String {
+        match self.0 {
+            None => name.to_owned(),
+            Some(holder) => format!("{holder}[{name:?}]").replace('"', "'"),
+        }
+    }
+}
+
+fn kind_error(name: &str, kind: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    let type_name = value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    config(format!("{name} is {kind}, not {type_name} ({value})"))
+}
+
+/// A number of seconds: an `int` or a `float`, never a `bool`.
+pub(crate) fn seconds_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    // guard: P18-booleans-are-not-settings
+    if value.is_instance_of::<PyBool>()
+        || !(value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>())
+    {
+        return Err(kind_error(name, "a number of seconds", value));
+    }
+    settings::seconds(name, value.extract::<f64>()?).map_err(setting_error)
+}
+
+/// A whole number: an `int`, never a `bool`; `None` past 2^64 - 1 or
+/// below 0 (the caller's range check then names the value).
+fn whole_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Result<u64, String>> {
+    // guard: P17-capacity-bytes-checked
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(kind_error(name, "a whole number", value));
+    }
+    Ok(value.extract::<u64>().map_err(|_| value.to_string()))
+}
+
+/// A count checked by `check` (its range), from a Python `int`.
+fn count_of<T>(
+    name: &str,
+    value: &Bound<'_, PyAny>,
+    check: impl Fn(&str, u64) -> Result<T, SettingError>,
+) -> PyResult<T> {
+    match whole_of(name, value)? {
+        Ok(count) => check(name, count).map_err(setting_error),
+        // Negative or past 64 bits: the range check's message, for 0.
+        Err(shown) => Err(setting_error(match check(name, 0) {
+            Err(error) => SettingError::new(
+                name,
+                error.problem.replacen("is 0", &format!("is {shown}"), 1),
+            ),
+            Ok(_) => SettingError::new(name, format!("is {shown}; it is out of range")),
+        })),
+    }
+}
+
+/// A capacity in bytes: an `int` from 1 to 2^64 - 1, never a `bool`.
+pub(crate) fn capacity_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let bytes = match whole_of(name, value)? {
+        Ok(bytes) => bytes,
+        Err(shown) => {
+            return Err(config(format!(
+                "{name} is {shown}; it must be 1 to {} bytes",
+                u64::MAX
+            )));
+        }
+    };
+    BudgetConfig::new(bytes)
+        .map(|budget| budget.capacity().get())
+        .map_err(|error| setting_error(error.spelled(name)))
+}
+
+/// A thread count: 1 to `kvtier.settings`' cap.
+pub(crate) fn threads_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_of(name, value, thread_count)
+}
+
+/// One side's share of a pool's threads (0 allowed; the pool checks the
+/// sum).
+pub(crate) fn thread_share_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_of(name, value, thread_share)
+}
+
+/// Groups probed at once.
+pub(crate) fn groups_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_of(name, value, group_count)
+}
+
+/// A byte budget from its four settings (`None` without a capacity; then
+/// a policy or a rescan interval is refused, as it would do nothing).
+/// `stale_temp_age`: `None` when not given (the default age), `Some(None)`
+/// for Python's `None` (never swept).
+pub(crate) fn budget_of(
+    spelling: Spelling<'_>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    policy: Option<&Bound<'_, PyAny>>,
+    stale_temp_age: Option<Option<&Bound<'_, PyAny>>>,
+    rescan_interval: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<BudgetConfig>> {
+    fn given<'a, 'py>(value: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+        value.filter(|v| !v.is_none())
+    }
+    let (capacity, policy, stale, rescan) = (
+        given(capacity),
+        given(policy),
+        given(stale_temp_age.flatten()),
+        given(rescan_interval),
+    );
+    let policy = match policy {
+        None => None,
+        Some(value) => {
+            let name = spelling.of("eviction_policy");
+            if !value.is_instance_of::<PyString>() {
+                return Err(kind_error(&name, "\"lru\" or \"s3fifo\"", value));
+            }
+            Some(policy_named(&name, &value.extract::<String>()?).map_err(setting_error)?)
+        }
+    };
+    let stale = stale
+        .map(|value| seconds_of(&spelling.of("stale_temp_age"), value))
+        .transpose()?;
+    let rescan = rescan
+        .map(|value| {
+            let name = spelling.of("rescan_interval");
+            settings::rescan_interval(&name, seconds_of(&name, value)?).map_err(setting_error)
+        })
+        .transpose()?;
+    let Some(capacity) = capacity else {
+        // guard: P19-budget-settings-need-a-capacity
+        for (set, name) in [
+            (policy.is_some(), "eviction_policy"),
+            (rescan.is_some(), "rescan_interval"),
+        ] {
+            if set {
+                return Err(config(format!(
+                    "{} is set without {}: it applies to a byte budget; set {} too, or remove it",
+                    spelling.of(name),
+                    spelling.of("capacity_bytes"),
+                    spelling.of("capacity_bytes"),
+                )));
+            }
+        }
+        return Ok(None);
+    };
+    let mut budget = BudgetConfig::new(capacity_of(&spelling.of("capacity_bytes"), capacity)?)
+        .map_err(setting_error)?;
+    if let Some(policy) = policy {
+        budget = budget.with_policy(policy);
+    }
+    // `stale_temp_age=None` sweeps nothing; absent, the default age.
+    if stale_temp_age.is_some() {
+        budget = budget.with_stale_temp_age(stale).map_err(setting_error)?;
+    }
+    budget
+        .with_rescan_interval(rescan)
+        .map_err(setting_error)
+        .map(Some)
+}
+
+/// The kind of each setting `check_settings` knows.
+enum Kind {
+    Seconds,
+    SecondsOrNone,
+    Threads,
+    ThreadShare,
+    Groups,
+    RegionBytes,
+    Budget,
+}
+
+fn kind(name: &str) -> Option<Kind> {
+    Some(match name {
+        "shutdown_grace" => Kind::Seconds,
+        "lookup_timeout" | "group_timeout" => Kind::SecondsOrNone,
+        "n_read_threads" | "n_write_threads" | "load_threads" | "store_threads" => {
+            Kind::ThreadShare
+        }
+        "copy_threads" | "io_threads" | "threads" => Kind::Threads,
+        "lookup_concurrency" | "concurrency" => Kind::Groups,
+        "staging_bytes" => Kind::RegionBytes,
+        "capacity_bytes" | "eviction_policy" | "stale_temp_age" | "rescan_interval" => Kind::Budget,
+        _ => return None,
+    })
+}
+
+/// Checks `values` (settings by name; `None` where a setting allows it)
+/// and returns them as the bindings take them: seconds as `float`, counts
+/// as `int`, `eviction_policy` as its name. Errors name each setting as
+/// `where[...]` when `where` is given (`kv_connector_extra_config`), by
+/// its name otherwise.
+#[pyfunction]
+#[pyo3(signature = (values, r#where = None))]
+pub(crate) fn check_settings<'py>(
+    values: &Bound<'py, PyDict>,
+    r#where: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let py = values.py();
+    let spelling = Spelling(r#where);
+    let out = PyDict::new(py);
+    for (key, value) in values.iter() {
+        let name: String = key.extract()?;
+        let spelled = spelling.of(&name);
+        match kind(&name) {
+            None => {
+                return Err(config(format!("{spelled} is not a setting kvtier knows")));
+            }
+            Some(Kind::Budget) => {}
+            Some(Kind::Seconds) => {
+                out.set_item(&name, seconds_of(&spelled, &value)?.as_secs_f64())?
+            }
+            Some(Kind::SecondsOrNone) if value.is_none() => out.set_item(&name, py.None())?,
+            Some(Kind::SecondsOrNone) => {
+                out.set_item(&name, seconds_of(&spelled, &value)?.as_secs_f64())?
+            }
+            Some(Kind::Threads) => out.set_item(&name, threads_of(&spelled, &value)?)?,
+            Some(Kind::ThreadShare) => out.set_item(&name, thread_share_of(&spelled, &value)?)?,
+            Some(Kind::Groups) => out.set_item(&name, groups_of(&spelled, &value)?)?,
+            Some(Kind::RegionBytes) => {
+                out.set_item(&name, count_of(&spelled, &value, region_bytes)?)?
+            }
+        }
+    }
+    let item = |name: &str| values.get_item(name);
+    let (capacity, policy, stale, rescan) = (
+        item("capacity_bytes")?,
+        item("eviction_policy")?,
+        item("stale_temp_age")?,
+        item("rescan_interval")?,
+    );
+    let budget = budget_of(
+        spelling,
+        capacity.as_ref(),
+        policy.as_ref(),
+        stale
+            .as_ref()
+            .map(|age| Some(age).filter(|age| !age.is_none())),
+        rescan.as_ref(),
+    )?;
+    if let Some(stale) = &stale {
+        let age = if stale.is_none() {
+            None
+        } else {
+            Some(seconds_of(&spelling.of("stale_temp_age"), stale)?.as_secs_f64())
+        };
+        out.set_item("stale_temp_age", age)?;
+    }
+    match budget {
+        None => {
+            for (name, given) in [
+                ("capacity_bytes", &capacity),
+                ("eviction_policy", &policy),
+                ("rescan_interval", &rescan),
+            ] {
+                if given.is_some() {
+                    out.set_item(name, py.None())?;
+                }
+            }
+        }
+        Some(budget) => {
+            out.set_item("capacity_bytes", budget.capacity().get())?;
+            out.set_item("eviction_policy", budget.policy().name())?;
+            if rescan.is_some() {
+                out.set_item(
+                    "rescan_interval",
+                    budget.rescan_interval().map(|d| d.as_secs_f64()),
+                )?;
+            }
+        }
+    }
+    Ok(out)
+}
