@@ -110,12 +110,28 @@ fetch_tests() {
         # `pip download` of an sdist prepares its metadata, which for vLLM
         # means building its build environment (torch, cmake): minutes, and
         # it fails without a compiler setup. The file is fetched from the
-        # same registry index pip reads, and checked against its hash (the
-        # package registry, as pip's own traffic: PyPI unless PIP_INDEX_URL
-        # names another).
+        # same registry index pip reads, and checked against its hash: the
+        # index pip itself would use (PIP_INDEX_URL, then pip's
+        # configuration files, then pip's own default), so this script names
+        # no address of its own.
         "$PY" - "$sdist" <<EOF
 import json, os, sys, urllib.request
-index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+from pip._internal.configuration import Configuration, ConfigurationError
+from pip._internal.models.index import PyPI
+
+def pip_index():
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
+    config = Configuration(isolated=False)
+    config.load()
+    for key in ("download.index-url", "install.index-url", "global.index-url"):
+        try:
+            return config.get_value(key)
+        except ConfigurationError:
+            pass
+    return PyPI.simple_url
+
+index = pip_index().rstrip("/")
 request = urllib.request.Request(f"{index}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
 files = json.load(urllib.request.urlopen(request, timeout=60))["files"]
 url = next(f["url"] for f in files if f["filename"] == "${SDIST}")
