@@ -123,9 +123,9 @@ MUTATIONS = [
     ),
     Mutation(
         "P17-capacity-bytes-checked",
-        "capacity_bytes=True is taken as a 1-byte budget instead of a ConfigError",
+        "a bool is taken as a whole number: io_threads=True is one thread, capacity_bytes=True a one-byte budget",
         [("    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {", "    if false {")],
-        pytest("tests/test_capacity.py::test_bad_budget_settings_are_config_errors"),
+        pytest("tests/test_settings.py::test_a_bool_is_never_a_number"),
     ),
     Mutation(
         "P18-booleans-are-not-settings",
