@@ -25,8 +25,8 @@ pub enum StepError {
         got: u64,
     },
     /// A wait at the step's preemption fence was interrupted (see
-    /// [`Interrupted`]): the fence did not pass and the step was not taken;
-    /// [`SaveTracker::take_interruption`] has the cause. Offer the step
+    /// [`Interrupted`](crate::save::Interrupted)): the fence did not pass and the step was not taken;
+    /// [`SaveTracker::take_interruption`](crate::save::SaveTracker::take_interruption) has the cause. Offer the step
     /// again to retry.
     #[error("the preemption fence was interrupted; the step was not taken")]
     Interrupted,

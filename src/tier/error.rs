@@ -135,7 +135,7 @@ pub enum TierError {
         reason: &'static str,
     },
     /// A store found no room in the tier's byte budget
-    /// ([`FsOptions::capacity_bytes`](crate::tier::FsOptions::capacity_bytes)): nothing was written, and every
+    /// ([`FsOptions::budget`](crate::tier::FsOptions::budget)): nothing was written, and every
     /// block already stored stays.
     #[error("no room for {bytes} bytes of {path} in a {capacity}-byte tier: {reason}")]
     NoRoom {

@@ -296,7 +296,7 @@ impl FsTier {
     /// are counted, blocks they deleted are forgotten, and the least
     /// valuable are deleted until the books fit the capacity (temporary
     /// files of dead writers are swept too). What
-    /// [`FsOptions::rescan_interval`] runs on a thread. An error without a
+    /// a budget's `rescan_interval` runs on a thread. An error without a
     /// budget, or when the namespace cannot be listed.
     ///
     /// ```

@@ -355,7 +355,7 @@ impl ObjectTier {
     }
 
     /// Stores `payload` as the block for `key` (one `put`). Under a byte
-    /// budget ([`with_capacity`](Self::with_capacity)) room is made first,
+    /// budget ([`with_budget`](Self::with_budget)) room is made first,
     /// and on a tokio runtime the put and its commit run on a task of
     /// their own: dropping this future does not cancel them, so the books
     /// always count what the store holds.

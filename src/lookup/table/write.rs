@@ -93,7 +93,7 @@ where
     /// stale and dropped. An answer for a state nobody waits for any more (an
     /// orphan: every requester was cleaned up in flight) removes the state.
     /// Otherwise the state becomes resolved. A result of another table's
-    /// group is refused whole (counted in [`LookupStats::foreign`]).
+    /// group is refused whole (counted in [`LookupStats::foreign`](crate::lookup::LookupStats::foreign)).
     pub fn apply(&mut self, result: GroupResult<K>) {
         // guard: L10-apply-checks-the-table
         if result.table != self.id {
@@ -191,7 +191,7 @@ where
     /// was cleaned up and looked up again since, the ticket is stale and this
     /// is a no-op, so a late failure cannot corrupt a newer lookup. Returns
     /// whether the verdict changed. A ticket from another table is refused
-    /// (counted in [`LookupStats::foreign`]).
+    /// (counted in [`LookupStats::foreign`](crate::lookup::LookupStats::foreign)).
     pub fn mark_miss(&mut self, ticket: &Ticket<K>) -> bool {
         // guard: L10-mark-miss-checks-the-table
         if ticket.table != self.id {
