@@ -553,3 +553,40 @@ fn thread_counts_past_the_cap_are_configuration_errors() {
     );
     assert!(new(max / 2, max / 2).is_ok());
 }
+
+/// A store of blocks the tier holds already writes nothing, and logs
+/// nothing for the lookups: without a budget it logged them "stored" again
+/// at every such store (a second report of the same blocks, and a new
+/// generation for their lookups), where a budget's ledger logs none (issue
+/// 41). vLLM itself hears of each job once.
+#[test]
+fn a_store_of_blocks_already_there_is_reported_once_and_logs_no_change() {
+    use kvtier::settings::BudgetConfig;
+
+    for budget in [false, true] {
+        let mut f = fixture(4, 1);
+        if budget {
+            f.transfers
+                .set_budget(BudgetConfig::new(1 << 20).unwrap())
+                .unwrap();
+        }
+        f.transfers.record_changes(true);
+        assert!(f.run(TransferKind::Store, 1, &[1, 2], &[0, 1]).succeeded());
+        let first: Vec<_> = f.transfers.take_changes();
+        assert_eq!(first, [(key(1), true), (key(2), true)], "budget: {budget}");
+        // The same blocks again, and one new one.
+        assert!(
+            f.run(TransferKind::Store, 2, &[1, 2, 3], &[0, 1, 2])
+                .succeeded()
+        );
+        assert!(
+            f.transfers.finished().is_empty(),
+            "each job is reported once"
+        );
+        assert_eq!(
+            f.transfers.take_changes(),
+            [(key(3), true)],
+            "only the block written is a change (budget: {budget})"
+        );
+    }
+}

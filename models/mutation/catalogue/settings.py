@@ -1,6 +1,7 @@
-"""The one door settings pass (src/settings/, kvtier::settings): H7-H10.
-Appended last, so that the CI sample (every SAMPLE_EVERY-th of the
-registry) keeps its members."""
+"""Issue 41's mutations, appended last so that the CI sample (every
+SAMPLE_EVERY-th of the registry) keeps its members: the one door settings
+pass (src/settings/, kvtier::settings), H7-H10; and vLLM's transfers'
+change log (src/tier/vllm/changes.rs), V11."""
 
 from ..defs import TEST, Mutation
 
@@ -29,5 +30,11 @@ MUTATIONS = [
         "vLLM's transfers take a budget smaller than one block: every store fails, seen only in a counter",
         [("        if capacity < block {", "        if false {")],
         TEST + ["-p", "kvtier", "--test", "vllm_capacity", "a_budget_smaller_than_one_block"],
+    ),
+    Mutation(
+        "V11-a-block-already-there-is-no-change",
+        "without a budget, a store of blocks the tier holds already logs them stored again for the lookups",
+        [(".filter(|(i, _)| job.present.binary_search(i).is_err());", ".filter(|_| true);")],
+        TEST + ["-p", "kvtier", "--test", "vllm_transfers", "a_store_of_blocks_already_there"],
     ),
 ]

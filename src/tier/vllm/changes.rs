@@ -57,8 +57,15 @@ impl VllmTransfers {
         }
         for job in finished {
             if job.kind == TransferKind::Store {
-                // Every block before the first failure is in place.
-                changes.stored.extend(job.done_keys().iter().cloned());
+                // Every block before the first failure is in place; those
+                // that were there already are no change.
+                // guard: V11-a-block-already-there-is-no-change
+                let written = job
+                    .done_keys()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| job.present.binary_search(i).is_err());
+                changes.stored.extend(written.map(|(_, key)| key.clone()));
             }
         }
         let excess = changes.stored.len().saturating_sub(MAX_CHANGES);

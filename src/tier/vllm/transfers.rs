@@ -16,15 +16,15 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::super::tree::{BlockLayout, sweep_temps};
-use super::blocks::{load_block, store_block};
+use super::blocks::{Stored, load_block, store_block};
 use super::books::{Budget, Changes};
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::save::SaveTracker;
 use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::settings::MAX_IO_THREADS;
-use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Arc, Mutex};
 use crate::tier::budget::DirBudget;
 use crate::tier::error::TierError;
 use crate::tier::pool::IoPool;
@@ -57,12 +57,24 @@ impl TransferKind {
 }
 
 /// What the I/O thread tells the owner about a job, besides its outcome.
-#[derive(Default)]
 struct Progress {
     /// Blocks done, in the job's order, before the first that failed.
     done: AtomicUsize,
     /// Time spent in the job's I/O.
     nanos: AtomicU64,
+    /// Stores without a budget: the indices (ascending) of blocks that
+    /// were in the tier already, so nothing was written for them.
+    present: Mutex<Vec<usize>>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            done: AtomicUsize::new(0),
+            nanos: AtomicU64::new(0),
+            present: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 /// A job as the tracker holds it: equal, and hashed, by id alone.
@@ -115,6 +127,9 @@ pub struct FinishedTransfer {
     pub done: usize,
     /// Time spent in the job's I/O.
     pub io_time: Duration,
+    /// Of a store without a budget: the indices (ascending) of the blocks
+    /// that were in the tier already (nothing written, nothing changed).
+    pub(crate) present: Vec<usize>,
 }
 
 impl FinishedTransfer {
@@ -400,6 +415,7 @@ impl VllmTransfers {
                 outcome,
                 done: job.progress.done.load(Ordering::Acquire),
                 io_time: Duration::from_nanos(job.progress.nanos.load(Ordering::Relaxed)),
+                present: std::mem::take(&mut *job.progress.present.lock()),
                 keys: job.keys,
             })
             .collect();
@@ -523,7 +539,9 @@ fn transfer(
             // guard: E20-vllm-stores-get-room-before-they-write
             TransferKind::Store => match budget {
                 None => {
-                    store_block(&path, claim.block(i))?;
+                    if store_block(&path, claim.block(i))? == Stored::Present {
+                        job.progress.present.lock().push(i);
+                    }
                 }
                 Some(budget) => {
                     let block = claim.block(i);
