@@ -13,10 +13,11 @@
 
 use std::collections::VecDeque;
 
-use kvtier::lookup::{GroupOutcome, LookupStats, ThreadLookup};
+use kvtier::lookup::{GroupOutcome, LookupStats, ThreadLookup, ThreadProber};
 use kvtier::{Ticket, Verdict};
 
 use crate::conformance::{check_state, check_verdict};
+use crate::driver_state::DriverState;
 use crate::reference::{Key, ModelGroup, ModelLimits, Reference, Req};
 use crate::scripted::{Fault, Script};
 
@@ -25,12 +26,6 @@ pub type Driver = ThreadLookup<Key, Req>;
 
 /// The table of the driver under test.
 pub type Table = kvtier::lookup::LookupTable<Key, Req>;
-
-/// The driver while it runs; its final table once shut down.
-enum State {
-    Open(Driver),
-    Closed(Table),
-}
 
 /// Fault counters the script determines.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,7 +40,7 @@ struct FaultCounts {
 /// alongside. Every method panics with a description when the driver and the
 /// specification disagree: that is the model's failure.
 pub struct CheckedDriver {
-    state: State,
+    state: DriverState<ThreadProber<Key, Req>>,
     spec: Reference,
     script: Script,
     /// Submitted groups the driver has not applied yet, oldest first.
@@ -72,7 +67,7 @@ impl CheckedDriver {
             .expect("valid model limits");
         driver.record_applied(true);
         Self {
-            state: State::Open(driver),
+            state: DriverState::Open(driver),
             spec: Reference::with_limits(limits),
             script,
             unapplied: VecDeque::new(),
@@ -174,12 +169,7 @@ impl CheckedDriver {
     /// (That no call follows is the type system's business: `shutdown`
     /// consumes the driver.)
     pub fn shutdown(&mut self) {
-        let State::Open(driver) = std::mem::replace(&mut self.state, State::Closed(Table::new()))
-        else {
-            panic!("the model shut the driver down twice");
-        };
-        let table = driver.shutdown().expect("shutdown");
-        self.state = State::Closed(table);
+        self.state.shut_down();
         self.catch_up();
         assert!(self.unapplied.is_empty(), "shutdown lost submitted groups");
         self.check("shutdown");
@@ -190,7 +180,7 @@ impl CheckedDriver {
     /// applied once, nothing is left in flight, and nothing is left at all
     /// unless a request is still live.
     pub fn finish(mut self) -> LookupStats {
-        if matches!(self.state, State::Open(_)) {
+        if self.state.is_open() {
             for req in self.spec.requests() {
                 self.cleanup(req);
             }
@@ -222,18 +212,12 @@ impl CheckedDriver {
 
     /// The driver, while it runs.
     fn driver(&mut self) -> &mut Driver {
-        match &mut self.state {
-            State::Open(driver) => driver,
-            State::Closed(_) => panic!("the model called the driver after shutting it down"),
-        }
+        self.state.driver()
     }
 
     /// The driver's table (its final table once shut down).
     pub fn table(&self) -> &Table {
-        match &self.state {
-            State::Open(driver) => driver.table(),
-            State::Closed(table) => table,
-        }
+        self.state.table()
     }
 
     /// Applies to the specification the groups the driver has applied since
@@ -241,10 +225,7 @@ impl CheckedDriver {
     /// group the worker gave up as unwanted, which the specification must
     /// agree nobody wanted, or the next backend call's answers.
     fn catch_up(&mut self) {
-        let applied = match &mut self.state {
-            State::Open(driver) => driver.take_applied(),
-            State::Closed(table) => table.take_applied(),
-        };
+        let applied = self.state.take_applied();
         for (_, outcome) in applied {
             let (_, entries) = self
                 .unapplied

@@ -23,9 +23,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 type Table = kvtier::lookup::LookupTable<Key, Req>;
-use kvtier::lookup::{AsyncBackend, GroupOutcome, LookupStats, TokioConfig, TokioLookup};
+use kvtier::lookup::{
+    AsyncBackend, GroupOutcome, LookupStats, TokioConfig, TokioLookup, TokioProber,
+};
 
 use crate::conformance::{check_state, check_verdict};
+use crate::driver_state::DriverState;
 use crate::reference::{Key, ModelGroup, Reference, Req};
 
 #[cfg(kvtier_shuttle)]
@@ -167,7 +170,7 @@ struct OutcomeCounts {
 /// alongside. Every method panics with a description when the driver and the
 /// specification disagree.
 pub struct CheckedTasks {
-    state: State,
+    state: DriverState<TokioProber<Key, Req, ActBackend>>,
     spec: Reference,
     setup: TasksSetup,
     /// Submitted groups not applied yet, by sequence number.
@@ -181,12 +184,6 @@ pub struct CheckedTasks {
     overtaken: u64,
     counts: OutcomeCounts,
     shutting_down: bool,
-}
-
-/// The driver while it runs; its final table once shut down.
-enum State {
-    Open(TokioLookup<Key, Req, ActBackend>),
-    Closed(Table),
 }
 
 impl CheckedTasks {
@@ -213,7 +210,7 @@ impl CheckedTasks {
         let mut driver = TokioLookup::tokio(backend, config).expect("start the driver");
         driver.record_applied(true);
         Self {
-            state: State::Open(driver),
+            state: DriverState::Open(driver),
             spec: Reference::new(),
             setup,
             unapplied: HashMap::new(),
@@ -291,11 +288,7 @@ impl CheckedTasks {
     /// (answered, timed out or cancelled).
     pub fn shutdown(&mut self) {
         self.shutting_down = true;
-        let State::Open(driver) = std::mem::replace(&mut self.state, State::Closed(Table::new()))
-        else {
-            panic!("the model shut the driver down twice");
-        };
-        self.state = State::Closed(driver.shutdown().expect("shutdown"));
+        self.state.shut_down();
         self.catch_up();
         assert!(
             self.unapplied.is_empty(),
@@ -315,7 +308,7 @@ impl CheckedTasks {
     /// checks that no anomaly happened, every group was applied once and
     /// nothing is left in flight.
     pub fn finish(mut self) -> Observed {
-        if matches!(self.state, State::Open(_)) {
+        if self.state.is_open() {
             for req in self.spec.requests() {
                 self.cleanup(req);
             }
@@ -345,27 +338,18 @@ impl CheckedTasks {
 
     /// The driver, while it runs.
     fn driver(&mut self) -> &mut TokioLookup<Key, Req, ActBackend> {
-        match &mut self.state {
-            State::Open(driver) => driver,
-            State::Closed(_) => panic!("the model called the driver after shutting it down"),
-        }
+        self.state.driver()
     }
 
     /// The driver's table (its final table once shut down).
     fn table(&self) -> &Table {
-        match &self.state {
-            State::Open(driver) => driver.table(),
-            State::Closed(table) => table,
-        }
+        self.state.table()
     }
 
     /// Replays on the specification the groups the driver applied since the
     /// last call, in the driver's order, checking each one.
     fn catch_up(&mut self) {
-        let applied = match &mut self.state {
-            State::Open(driver) => driver.take_applied(),
-            State::Closed(table) => table.take_applied(),
-        };
+        let applied = self.state.take_applied();
         for (seq, outcome) in applied {
             let (req, entries) = self
                 .unapplied

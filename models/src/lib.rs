@@ -45,6 +45,7 @@ pub mod checkers;
 #[cfg(any(kvtier_loom, kvtier_shuttle))]
 pub mod coherence;
 pub mod conformance;
+mod driver_state;
 pub mod fuzzing;
 pub mod lockstep;
 pub mod protocol;
