@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 from e2e_common import (
     BLOCK_BYTES,
     PREEMPT_BLOCKS,
-    PREEMPT_TOKENS,
     PROMPT_TOKENS,
     PROMPTS,
     block_files,
@@ -83,16 +82,7 @@ def pressure(h: "Harness", mode: str, restart: bool = True) -> "Path":
         num_gpu_blocks=PREEMPT_BLOCKS,
         abort=sorted(aborted),
     )
-    settings["max_tokens"] = PREEMPT_TOKENS
-    result = h.run(f"connector-{mode}-pressure", settings)
-    preemptions = result["metrics"].get("vllm:num_preemptions", 0)
-    check(preemptions > 0, f"connector {mode}: no request was preempted")
-    survivors = set(range(PROMPTS)) - aborted
-    check(
-        set(result["outputs"]) == {str(i) for i in survivors},
-        f"connector {mode}: outputs for {sorted(result['outputs'])}",
-    )
-    h.same_outputs(f"connector {mode} (pressure)", result["outputs"], only=survivors)
+    preemptions = h.run_preempted(f"connector-{mode}-pressure", f"connector {mode} (pressure)", settings, aborted)
     blocks = block_files(root)
     # Prompt blocks, and the survivors' first generated block.
     check(len(blocks) >= PROMPT_BLOCKS, f"connector {mode}: {len(blocks)} blocks dumped")

@@ -300,19 +300,27 @@ class Harness:
         check(victims["directory"].is_dir(), f"damage {tier}: the directory in a block's place was touched")
         self.notes.append(f"damage {tier}: {computed} prompt tokens recomputed of {PROMPTS * PROMPT_TOKENS}")
 
+    def run_preempted(self, name: str, label: str, settings: dict, aborted: set) -> int:
+        """Runs `settings` (a KV cache too small for the batch, `aborted`
+        requests aborted mid-flight) generating PREEMPT_TOKENS tokens, and
+        checks that some request was preempted and that exactly the
+        survivors answered, as the baseline did; returns the preemptions."""
+        settings["max_tokens"] = PREEMPT_TOKENS
+        result = self.run(name, settings)
+        preemptions = result["metrics"].get("vllm:num_preemptions", 0)
+        check(preemptions > 0, f"{label}: no request was preempted")
+        survivors = set(range(PROMPTS)) - aborted
+        check(
+            set(result["outputs"]) == {str(i) for i in survivors},
+            f"{label}: outputs for {sorted(result['outputs'])}",
+        )
+        self.same_outputs(label, result["outputs"], only=survivors)
+        return preemptions
+
     def preempt(self, tier: str) -> None:
         root = self.work / f"preempt-{tier}"
         shutil.rmtree(root, ignore_errors=True)
         aborted = {1, 4}
         settings = self.settings(tier, root, num_gpu_blocks=PREEMPT_BLOCKS, abort=sorted(aborted))
-        settings["max_tokens"] = PREEMPT_TOKENS
-        result = self.run(f"preempt-{tier}", settings)
-        preemptions = result["metrics"].get("vllm:num_preemptions", 0)
-        check(preemptions > 0, f"preempt {tier}: no request was preempted")
-        survivors = set(range(PROMPTS)) - aborted
-        check(
-            set(result["outputs"]) == {str(i) for i in survivors},
-            f"preempt {tier}: outputs for {sorted(result['outputs'])}",
-        )
-        self.same_outputs(f"preempt {tier}", result["outputs"], only=survivors)
+        preemptions = self.run_preempted(f"preempt-{tier}", f"preempt {tier}", settings, aborted)
         self.notes.append(f"preempt {tier}: {preemptions} preemptions, {len(aborted)} aborted")
