@@ -415,7 +415,12 @@ impl VllmTransfers {
                 outcome,
                 done: job.progress.done.load(Ordering::Acquire),
                 io_time: Duration::from_nanos(job.progress.nanos.load(Ordering::Relaxed)),
-                present: std::mem::take(&mut *job.progress.present.lock()),
+                // Only an unbudgeted store notes blocks that were there:
+                // a load's report (the scheduler's step) takes no lock.
+                present: match job.kind {
+                    TransferKind::Store => std::mem::take(&mut *job.progress.present.lock()),
+                    TransferKind::Load => Vec::new(),
+                },
                 keys: job.keys,
             })
             .collect();
