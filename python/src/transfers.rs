@@ -391,7 +391,12 @@ impl PyVllmTransfers {
     fn path_of(&self, key: &[u8]) -> PyResult<PathBuf> {
         guard(|| {
             let inner = self.inner.get_ref("path_of")?;
-            inner.layout().path_of(key).map_err(tier_error)
+            let Some(layout) = inner.layout() else {
+                return Err(PyValueError::new_err(
+                    "the transfers keep their blocks in an object store, not in files",
+                ));
+            };
+            layout.path_of(key).map_err(tier_error)
         })
     }
 

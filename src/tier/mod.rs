@@ -80,7 +80,6 @@ pub use fs::{FsOptions, FsSaveTask, FsTier};
 pub use key::{BlockKey, check_namespace};
 #[cfg(object_tier)]
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
-#[cfg(fs_tier)]
 #[cfg(object_tier)]
 pub use s3::S3Options;
 pub use save::SaveTask;
@@ -91,3 +90,6 @@ pub use vllm::{
     FinishedTransfer, InFlightTransfer, PrimaryRegion, ShutdownReport, TransferError, TransferKind,
     VllmFsLayout, VllmTransfers,
 };
+#[cfg(fs_tier)]
+#[cfg(object_tier)]
+pub use vllm::{VllmObjectLayout, VllmObjectStats};

@@ -125,13 +125,13 @@ MUTATIONS = [
     Mutation(
         "E20-vllm-stores-get-room-before-they-write",
         "vLLM-layout stores write without asking the budget: kvtier.vllm.FsTier's files grow past capacity_bytes",
-        [("            TransferKind::Store => match budget {", "            TransferKind::Store => match None::<&DirBudget> {")],
+        [("            TransferKind::Store => match budgeted {", "            TransferKind::Store => match None::<(&DirBudget, std::path::PathBuf)> {")],
         TEST + ["-p", "kvtier", "--test", "vllm_capacity"],
     ),
     Mutation(
         "E21-vllm-loads-pin-their-blocks",
         "vLLM-layout loads do not pin: a block being loaded can be evicted under the load",
-        [("                let pin = budget.and_then(|budget| budget.pin(&path));", "                let pin = ();")],
+        [("                        let pin = budget.pin(&path);", "                        let pin = ();")],
         TEST + ["-p", "kvtier", "--test", "vllm_capacity"],
     ),
     Mutation(

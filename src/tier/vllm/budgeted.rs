@@ -46,7 +46,7 @@ impl VllmTransfers {
         let (dir, scan) = DirBudget::scan(
             capacity,
             config.policy(),
-            self.layout.rank_dir(),
+            self.home.dir()?.rank_dir(),
             BlockLayout::Vllm,
             config.sweep_age(),
         )?;
@@ -56,7 +56,7 @@ impl VllmTransfers {
         let rescanner = match config.rescan_interval() {
             None => None,
             Some(interval) => {
-                let rank_dir = self.layout.rank_dir();
+                let rank_dir = self.home.dir()?.rank_dir();
                 Some(
                     Rescanner::start(
                         dir.clone(),
@@ -106,7 +106,7 @@ impl VllmTransfers {
     pub fn reconcile(&self) -> Result<ReconcileReport, TierError> {
         let budget = self.budget()?;
         budget.dir.reconcile(
-            self.layout.rank_dir(),
+            self.home.dir()?.rank_dir(),
             BlockLayout::Vllm,
             budget.stale_temp_age,
         )

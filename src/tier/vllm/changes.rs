@@ -40,7 +40,10 @@ impl VllmTransfers {
         };
         let mut paths: Vec<(PathBuf, bool)> = Vec::new();
         budget.dir.take_changes(&mut paths);
-        let layout = self.layout();
+        // A budget is a directory's.
+        let Ok(layout) = self.home.dir() else {
+            return Vec::new();
+        };
         paths
             .into_iter()
             .filter_map(|(path, present)| Some((layout.key_of(&path)?, present)))

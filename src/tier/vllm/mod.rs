@@ -4,7 +4,8 @@
 //! the primary tier's memory, a [`PrimaryRegion`], and the layout, off the
 //! GIL and polled without blocking).
 //!
-//! `layout` names the files; `blocks` reads and writes one file; `region`
+//! `layout` names the files (`bucket` the objects, in an object store);
+//! `home` is the directory or the bucket a job's blocks go to; `blocks` reads and writes one file; `region`
 //! is the memory and the claims that keep two transfers off one block;
 //! `transfers` runs the jobs and reports them through the save core;
 //! `changes` tells the tier's lookups which blocks came and went;
@@ -12,12 +13,17 @@
 
 mod blocks;
 mod books;
+#[cfg(object_tier)]
+mod bucket;
 mod budgeted;
 mod changes;
+mod home;
 mod layout;
 mod region;
 mod transfers;
 
+#[cfg(object_tier)]
+pub use bucket::{VllmObjectLayout, VllmObjectStats};
 pub use layout::VllmFsLayout;
 pub(crate) use layout::{is_vllm_dir, vllm_entry};
 pub use region::PrimaryRegion;

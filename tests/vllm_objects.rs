@@ -1,0 +1,200 @@
+//! vLLM's transfers and lookups on an object store (S3 on loopback: s3s in
+//! this process, or the server of `KVTIER_S3_ENDPOINT`): blocks stored
+//! from the primary region become vLLM's raw objects at vLLM's names and
+//! load back into another region (another host); a block already there is
+//! not written again; a failed load keeps the blocks before its first bad
+//! one; with the server gone, lookups fail their group, stores and loads
+//! are reported failed.
+#![cfg(all(
+    feature = "fs",
+    feature = "object-store",
+    not(any(kvtier_loom, kvtier_shuttle))
+))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::s3::{S3Server, unique_bucket};
+use kvtier::lookup::AsyncBackend;
+use kvtier::tier::{
+    FinishedTransfer, PrimaryRegion, S3Options, TransferKind, VllmObjectLayout, VllmTransfers,
+};
+use object_store::ObjectStoreExt;
+
+const BLOCK: usize = 4096;
+const RANK: &str = "fleet/model_0123456789ab_r0";
+
+fn key(n: u64) -> Vec<u8> {
+    let mut key = n.to_be_bytes().to_vec();
+    key.extend_from_slice(&0u32.to_be_bytes());
+    key
+}
+
+/// vLLM's name of `key(n)`'s object below the rank prefix, spelled out.
+fn vllm_name(n: u64) -> String {
+    let hex: String = n.to_be_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{RANK}/{}/{}_g0/{hex}.bin", &hex[0..3], &hex[3..5])
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..BLOCK)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect()
+}
+
+fn options(server: &S3Server, bucket: &str) -> S3Options {
+    S3Options::new(bucket)
+        .endpoint(server.endpoint.clone())
+        .allow_http(true)
+        .credentials("testing", "testing")
+        .region("us-east-1")
+        .request_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(1))
+        .max_retries(1)
+}
+
+/// One host: its own region and transfers on the shared bucket.
+fn host(options: &S3Options, blocks: usize) -> VllmTransfers {
+    let layout = VllmObjectLayout::s3(options, RANK).expect("layout");
+    let region = PrimaryRegion::zeroed(blocks, BLOCK).expect("region");
+    VllmTransfers::on_objects(layout, region, 2, 2).expect("transfers")
+}
+
+fn run(
+    transfers: &mut VllmTransfers,
+    kind: TransferKind,
+    id: u64,
+    keys: &[u64],
+    blocks: &[usize],
+) -> FinishedTransfer {
+    let keys = keys.iter().map(|&n| key(n)).collect();
+    transfers.submit(kind, id, keys, blocks).expect("submitted");
+    transfers.wait_idle();
+    let mut finished = transfers.finished();
+    assert_eq!(finished.len(), 1, "one job, one report");
+    finished.pop().unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_block_one_host_stores_is_vllms_raw_object_and_another_host_loads_it() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let mut a = host(&options, 4);
+    for (block, seed) in [(0, 1), (1, 2), (2, 3)] {
+        a.region()
+            .unwrap()
+            .write_block(block, &pattern(seed))
+            .unwrap();
+    }
+    let stored = run(&mut a, TransferKind::Store, 1, &[10, 11, 12], &[0, 1, 2]);
+    assert!(stored.succeeded(), "{stored:?}");
+
+    // The object is exactly the block, at vLLM's name.
+    let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
+    let raw = runtime().block_on(async {
+        let location = object_store::path::Path::from(vllm_name(11).as_str());
+        assert_eq!(layout.location_of(&key(11)).unwrap(), location);
+        layout
+            .store()
+            .get(&location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+    });
+    assert_eq!(&raw[..], &pattern(2)[..], "raw bytes, no header");
+
+    // Another host, another region: the blocks load where it asks.
+    let mut b = host(&options, 4);
+    let loaded = run(&mut b, TransferKind::Load, 1, &[12, 10], &[3, 0]);
+    assert!(loaded.succeeded(), "{loaded:?}");
+    assert_eq!(b.region().unwrap().read_block(3).unwrap(), pattern(3));
+    assert_eq!(b.region().unwrap().read_block(0).unwrap(), pattern(1));
+
+    // Its lookups see them too, and only them.
+    let answers = runtime().block_on(AsyncBackend::batch_lookup(
+        &layout,
+        &[key(10), key(13), key(12), vec![1, 2]],
+        &(),
+    ));
+    assert_eq!(answers.unwrap(), [true, false, true, false]);
+    assert_eq!(
+        layout.stats().heads,
+        3,
+        "a key that names no block costs no request"
+    );
+}
+
+#[test]
+fn a_block_already_there_is_not_written_again() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let mut a = host(&options, 2);
+    a.region().unwrap().write_block(0, &pattern(7)).unwrap();
+    assert!(run(&mut a, TransferKind::Store, 1, &[5], &[0]).succeeded());
+    let mut b = host(&options, 2);
+    b.region().unwrap().write_block(1, &pattern(8)).unwrap();
+    assert!(run(&mut b, TransferKind::Store, 1, &[5], &[1]).succeeded());
+    // b's store found a's block: the object is a's.
+    assert!(run(&mut b, TransferKind::Load, 2, &[5], &[0]).succeeded());
+    assert_eq!(b.region().unwrap().read_block(0).unwrap(), pattern(7));
+}
+
+#[test]
+fn a_failed_load_keeps_the_blocks_before_its_first_missing_one() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let mut a = host(&options, 4);
+    a.region().unwrap().write_block(0, &pattern(1)).unwrap();
+    a.region().unwrap().write_block(1, &pattern(2)).unwrap();
+    assert!(run(&mut a, TransferKind::Store, 1, &[1, 3], &[0, 1]).succeeded());
+    let mut b = host(&options, 4);
+    let loaded = run(&mut b, TransferKind::Load, 1, &[1, 2, 3], &[0, 1, 2]);
+    assert!(!loaded.succeeded());
+    assert_eq!(loaded.done, 1);
+    assert_eq!(loaded.done_keys(), &[key(1)][..]);
+    assert_eq!(loaded.failed_keys(), &[key(2), key(3)][..]);
+    assert_eq!(b.region().unwrap().read_block(0).unwrap(), pattern(1));
+}
+
+#[test]
+fn with_the_server_gone_jobs_and_lookups_fail_within_their_timeouts() {
+    // A server of this test's own, stopped mid-run.
+    let mut server = S3Server::start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let mut a = host(&options, 4);
+    a.region().unwrap().write_block(0, &pattern(1)).unwrap();
+    assert!(run(&mut a, TransferKind::Store, 1, &[1], &[0]).succeeded());
+    let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
+    server.stop();
+
+    let stored = run(&mut a, TransferKind::Store, 2, &[2], &[1]);
+    let loaded = run(&mut a, TransferKind::Load, 3, &[1], &[2]);
+    assert!(!stored.succeeded() && !loaded.succeeded());
+    assert_eq!((stored.done, loaded.done), (0, 0));
+    let answers = runtime().block_on(AsyncBackend::batch_lookup(&layout, &[key(1)], &()));
+    assert!(
+        answers.is_err(),
+        "a lookup of a server that is gone fails its group"
+    );
+    assert_eq!(layout.stats().head_errors, 1);
+    a.shutdown(Duration::ZERO);
+}
