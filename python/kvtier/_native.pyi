@@ -64,6 +64,16 @@ class Lookup:
         threads: int = 2,
     ) -> Lookup: ...
     @staticmethod
+    def vllm_objects(
+        target: ObjectTarget,
+        rank_prefix: str,
+        *,
+        concurrency: int = 4,
+        group_timeout: Optional[float] = 2.0,
+        shutdown_grace: float = 1.0,
+        threads: int = 2,
+    ) -> Lookup: ...
+    @staticmethod
     def fs(
         root: _Path,
         namespace: str,
@@ -167,6 +177,15 @@ class VllmTransfers:
         stale_temp_age: Optional[float] = 600.0,
         rescan_interval: Optional[float] = None,
     ) -> None: ...
+    @staticmethod
+    def objects(
+        target: ObjectTarget,
+        rank_prefix: str,
+        primary: Any,
+        *,
+        load_threads: int = 16,
+        store_threads: int = 16,
+    ) -> VllmTransfers: ...
     def capacity_stats(self) -> Optional[dict[str, int]]: ...
     def scan_report(self) -> Optional[dict[str, float]]: ...
     def trim(self, capacity_bytes: int) -> int: ...
@@ -192,6 +211,18 @@ class VllmTransfers:
 
 def vllm_block_path(rank_dir: _Path, key: bytes) -> _Path: ...
 def check_settings(values: Mapping[str, Any], where: Optional[str] = None) -> dict[str, Any]: ...
+
+class ObjectTarget:
+    """A bucket and prefix, and how to reach them (from ``check_settings``)."""
+
+    @property
+    def bucket(self) -> str: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def endpoint(self) -> Optional[str]: ...
+    def join(self, below: str) -> str: ...
+    def check_reachable(self, rank_prefix: str) -> None: ...
 
 class BlockCopier:
     """KV blocks copied between an engine's KV-cache tensors and an offload

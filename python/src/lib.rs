@@ -23,10 +23,12 @@ use pyo3::prelude::*;
 mod args;
 mod capacity;
 mod copier;
+mod door;
 mod errors;
 mod inspect;
 mod live;
 mod lookup;
+mod objects;
 mod probers;
 mod request;
 mod save;
@@ -44,7 +46,8 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     lookup::register(module)?;
     save::register(module)?;
     transfers::register(module)?;
-    module.add_function(wrap_pyfunction!(settings::check_settings, module)?)?;
+    module.add_function(wrap_pyfunction!(door::check_settings, module)?)?;
+    module.add_class::<objects::PyObjectTarget>()?;
     module.add_class::<lookup::LookupInspector>()?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

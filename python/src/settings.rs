@@ -3,20 +3,17 @@
 //! goes, a `str` where an int goes) is refused here, its range there, and
 //! every error names the setting as the caller wrote it.
 //!
-//! `check_settings(values, where=None)` is the one door the Python layers
-//! (`FsTier`, the connector, `CpuTieringSpec`) pass their settings through
-//! before they build anything: it knows each setting's kind, refuses a
-//! budget setting without `capacity_bytes`, and returns the values as the
-//! bindings take them.
+//! `check_settings` (in `door.rs`) is the one door the Python layers pass
+//! their settings through; these are the extractors it and the bindings
+//! use.
 
 use std::time::Duration;
 
 use kvtier::settings::{
-    self, BudgetConfig, SettingError, group_count, policy_named, region_bytes, thread_count,
-    thread_share,
+    self, BudgetConfig, SettingError, group_count, policy_named, thread_count, thread_share,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 use crate::errors::config;
 
@@ -70,7 +67,7 @@ fn whole_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Result<u64, String
 }
 
 /// A count checked by `check` (its range), from a Python `int`.
-fn count_of<T>(
+pub(crate) fn count_of<T>(
     name: &str,
     value: &Bound<'_, PyAny>,
     check: impl Fn(&str, u64) -> Result<T, SettingError>,
@@ -189,117 +186,4 @@ pub(crate) fn budget_of(
         .with_rescan_interval(rescan)
         .map_err(setting_error)
         .map(Some)
-}
-
-/// The kind of each setting `check_settings` knows.
-enum Kind {
-    Seconds,
-    SecondsOrNone,
-    Threads,
-    ThreadShare,
-    Groups,
-    RegionBytes,
-    Budget,
-}
-
-fn kind(name: &str) -> Option<Kind> {
-    Some(match name {
-        "shutdown_grace" => Kind::Seconds,
-        "lookup_timeout" | "group_timeout" => Kind::SecondsOrNone,
-        "n_read_threads" | "n_write_threads" | "load_threads" | "store_threads" => {
-            Kind::ThreadShare
-        }
-        "copy_threads" | "io_threads" | "threads" => Kind::Threads,
-        "lookup_concurrency" | "concurrency" => Kind::Groups,
-        "staging_bytes" => Kind::RegionBytes,
-        "capacity_bytes" | "eviction_policy" | "stale_temp_age" | "rescan_interval" => Kind::Budget,
-        _ => return None,
-    })
-}
-
-/// Checks `values` (settings by name; `None` where a setting allows it)
-/// and returns them as the bindings take them: seconds as `float`, counts
-/// as `int`, `eviction_policy` as its name. Errors name each setting as
-/// `where[...]` when `where` is given (`kv_connector_extra_config`), by
-/// its name otherwise.
-#[pyfunction]
-#[pyo3(signature = (values, r#where = None))]
-pub(crate) fn check_settings<'py>(
-    values: &Bound<'py, PyDict>,
-    r#where: Option<&str>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let py = values.py();
-    let spelling = Spelling(r#where);
-    let out = PyDict::new(py);
-    for (key, value) in values.iter() {
-        let name: String = key.extract()?;
-        let spelled = spelling.of(&name);
-        match kind(&name) {
-            None => {
-                return Err(config(format!("{spelled} is not a setting kvtier knows")));
-            }
-            Some(Kind::Budget) => {}
-            Some(Kind::Seconds) => {
-                out.set_item(&name, seconds_of(&spelled, &value)?.as_secs_f64())?
-            }
-            Some(Kind::SecondsOrNone) if value.is_none() => out.set_item(&name, py.None())?,
-            Some(Kind::SecondsOrNone) => {
-                out.set_item(&name, seconds_of(&spelled, &value)?.as_secs_f64())?
-            }
-            Some(Kind::Threads) => out.set_item(&name, threads_of(&spelled, &value)?)?,
-            Some(Kind::ThreadShare) => out.set_item(&name, thread_share_of(&spelled, &value)?)?,
-            Some(Kind::Groups) => out.set_item(&name, groups_of(&spelled, &value)?)?,
-            Some(Kind::RegionBytes) => {
-                out.set_item(&name, count_of(&spelled, &value, region_bytes)?)?
-            }
-        }
-    }
-    let item = |name: &str| values.get_item(name);
-    let (capacity, policy, stale, rescan) = (
-        item("capacity_bytes")?,
-        item("eviction_policy")?,
-        item("stale_temp_age")?,
-        item("rescan_interval")?,
-    );
-    let budget = budget_of(
-        spelling,
-        capacity.as_ref(),
-        policy.as_ref(),
-        stale
-            .as_ref()
-            .map(|age| Some(age).filter(|age| !age.is_none())),
-        rescan.as_ref(),
-    )?;
-    if let Some(stale) = &stale {
-        let age = if stale.is_none() {
-            None
-        } else {
-            Some(seconds_of(&spelling.of("stale_temp_age"), stale)?.as_secs_f64())
-        };
-        out.set_item("stale_temp_age", age)?;
-    }
-    match budget {
-        None => {
-            for (name, given) in [
-                ("capacity_bytes", &capacity),
-                ("eviction_policy", &policy),
-                ("rescan_interval", &rescan),
-            ] {
-                if given.is_some() {
-                    out.set_item(name, py.None())?;
-                }
-            }
-        }
-        Some(budget) => {
-            out.set_item("capacity_bytes", budget.capacity().get())?;
-            out.set_item("eviction_policy", budget.policy().name())?;
-            if rescan.is_some() {
-                out.set_item(
-                    "rescan_interval",
-                    budget.rescan_interval().map(|d| d.as_secs_f64()),
-                )?;
-            }
-        }
-    }
-    Ok(out)
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmTransfers};
+use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmObjectLayout, VllmTransfers};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -151,6 +151,39 @@ impl PyVllmTransfers {
             if let Some(budget) = budget {
                 inner.set_budget(budget).map_err(tier_error)?;
             }
+            Ok(Self {
+                inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
+            })
+        })
+    }
+
+    /// Transfers between `primary` and the blocks of vLLM's layout below
+    /// `rank_prefix` of the bucket `target` names (an `ObjectTarget` from
+    /// `check_settings`), on `load_threads` + `store_threads` native
+    /// threads (default 16 each), one request in flight per thread. No
+    /// byte budget yet.
+    #[staticmethod]
+    #[pyo3(signature = (target, rank_prefix, primary, *, load_threads = None, store_threads = None))]
+    fn objects(
+        target: &Bound<'_, crate::objects::PyObjectTarget>,
+        rank_prefix: &str,
+        primary: &Bound<'_, PyAny>,
+        load_threads: Option<&Bound<'_, PyAny>>,
+        store_threads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        guard(|| {
+            let threads = |name, value: Option<&Bound<'_, PyAny>>| {
+                value.map_or(Ok(DEFAULT_THREADS), |value| thread_share_of(name, value))
+            };
+            let load_threads = threads("load_threads", load_threads)?;
+            let store_threads = threads("store_threads", store_threads)?;
+            let layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
+                .map_err(tier_error)?
+                .with_max_in_flight(load_threads + store_threads)
+                .map_err(tier_error)?;
+            let region = region_of(primary)?;
+            let inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
+                .map_err(tier_error)?;
             Ok(Self {
                 inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
             })
@@ -392,7 +425,7 @@ impl PyVllmTransfers {
         guard(|| {
             let inner = self.inner.get_ref("path_of")?;
             let Some(layout) = inner.layout() else {
-                return Err(PyValueError::new_err(
+                return Err(config(
                     "the transfers keep their blocks in an object store, not in files",
                 ));
             };

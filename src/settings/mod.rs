@@ -4,7 +4,8 @@
 //! A setting family is a type: a [`BudgetConfig`] (a non-zero capacity,
 //! an eviction policy, the stale-temporary-file age and the rescan
 //! interval), a duration ([`seconds`], [`duration`]), a thread count
-//! ([`thread_count`]) and a byte size ([`parse_bytes`]). Each tier takes
+//! ([`thread_count`]), a byte size ([`parse_bytes`]) and (feature
+//! `object-store`) a bucket and prefix ([`ObjectTarget`]). Each tier takes
 //! them the same way (`FsOptions::budget`, `ObjectTier::with_budget`,
 //! `VllmTransfers::set_budget`), and the Python bindings build them with
 //! these same functions, naming the setting as the caller wrote it (a
@@ -26,10 +27,14 @@
 
 mod budget;
 mod error;
+#[cfg(object_tier)]
+mod object;
 mod values;
 
 pub use budget::BudgetConfig;
 pub use error::SettingError;
+#[cfg(object_tier)]
+pub use object::{ObjectTarget, ReachFault};
 pub use values::{
     MAX_CONCURRENT_GROUPS, MAX_DURATION, MAX_IO_THREADS, MAX_REGION_BYTES, MAX_RESCAN_INTERVAL,
     MIN_RESCAN_INTERVAL, duration, group_count, parse_bytes, policy_named, region_bytes,

@@ -17,8 +17,15 @@ are done), loaded by vLLM from its config alone::
      "kv_connector_module_path": "kvtier.vllm.connector",
      "kv_role": "kv_both", "kv_connector_extra_config": {"root_dir": "/mnt/kv"}}
 
-(``kvtier.vllm.connector``'s docs tell how it runs.) Importing ``FsTier``
-or ``StorageConnector`` imports vLLM; nothing else here does.
+(``kvtier.vllm.connector``'s docs tell how it runs.) ``ObjectTier`` is
+``FsTier`` on an S3-compatible object store, for engines on several hosts
+(``kvtier.vllm.object_tier``'s docs)::
+
+    {"type": "ObjectTier", "module_path": "kvtier.vllm",
+     "url": "s3://kv-cache/fleet?endpoint=http://10.0.0.5:8333"}
+
+Importing ``FsTier``, ``ObjectTier`` or ``StorageConnector`` imports vLLM;
+nothing else here does.
 
 ``AsyncLookupManager`` has the contract of the per-tier lookup manager
 vLLM's tier manager composes: ``lookup(key, req_context)`` answers ``True``
@@ -66,6 +73,7 @@ __all__ = [
     "AsyncLookupManager",
     "FsTier",
     "LookupPhase",
+    "ObjectTier",
     "StorageConnector",
     "base_dir",
     "block_path",
@@ -83,6 +91,10 @@ def __getattr__(name: str) -> Any:
         from .tier import FsTier
 
         return FsTier
+    if name == "ObjectTier":
+        from .object_tier import ObjectTier
+
+        return ObjectTier
     if name == "StorageConnector":
         from .connector import StorageConnector
 

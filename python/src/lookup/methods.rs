@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kvtier::lookup::{LookupLimits, LookupStats, LookupTable};
-use kvtier::tier::{S3Options, VllmFsLayout};
+use kvtier::tier::{S3Options, VllmFsLayout, VllmObjectLayout};
 use kvtier::{FsTier, ObjectTier, Verdict};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
@@ -72,6 +72,29 @@ impl PyLookup {
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let describe = format!("vllm_fs({:?})", layout.rank_dir());
             Self::native(describe, layout, native_config(settings)?)
+        })
+    }
+
+    /// Probes the blocks of vLLM's layout below `rank_prefix` of the
+    /// bucket `target` names (an `ObjectTarget` from `check_settings`):
+    /// `<rank_prefix>/<hex[:3]>/<hex[3:5]>_g<group>/<hex>.bin`, one HEAD
+    /// per key, a group's keys concurrently. Native, like `vllm_fs`.
+    #[staticmethod]
+    #[pyo3(signature = (target, rank_prefix, **settings))]
+    fn vllm_objects(
+        target: &Bound<'_, crate::objects::PyObjectTarget>,
+        rank_prefix: &str,
+        settings: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<Self>> {
+        guard(|| {
+            let settings = native_config(settings)?;
+            let layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
+                .map_err(tier_error)?;
+            let describe = format!(
+                "vllm_objects({:?}, {rank_prefix:?})",
+                target.get().inner.options().get_bucket()
+            );
+            Self::native(describe, layout, settings)
         })
     }
 

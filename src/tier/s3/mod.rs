@@ -60,6 +60,8 @@ pub struct S3Options {
     region: Option<String>,
     access_key_id: Option<String>,
     secret_access_key: Option<String>,
+    session_token: Option<String>,
+    ca_bundle: Option<std::path::PathBuf>,
     allow_http: bool,
     allow_instance_metadata: bool,
     request_timeout: Duration,
@@ -79,6 +81,11 @@ impl std::fmt::Debug for S3Options {
                 "secret_access_key",
                 &self.secret_access_key.as_ref().map(|_| "<redacted>"),
             )
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("ca_bundle", &self.ca_bundle)
             .field("allow_http", &self.allow_http)
             .field("allow_instance_metadata", &self.allow_instance_metadata)
             .field("request_timeout", &self.request_timeout)
@@ -101,6 +108,8 @@ impl S3Options {
             region: None,
             access_key_id: None,
             secret_access_key: None,
+            session_token: None,
+            ca_bundle: None,
             allow_http: false,
             allow_instance_metadata: false,
             request_timeout: Duration::from_secs(5),
@@ -130,6 +139,21 @@ impl S3Options {
     ) -> Self {
         self.access_key_id = Some(access_key_id.into());
         self.secret_access_key = Some(secret_access_key.into());
+        self
+    }
+
+    /// A session token, with temporary [`credentials`](Self::credentials).
+    pub fn session_token(mut self, token: impl Into<String>) -> Self {
+        self.session_token = Some(token.into());
+        self
+    }
+
+    /// A file of PEM certificates to trust besides the system's (a private
+    /// certificate authority of an `https` endpoint). Read when the store
+    /// is built; a file that cannot be read or holds no certificate is a
+    /// [`TierError::Config`] then.
+    pub fn ca_bundle(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_bundle = Some(path.into());
         self
     }
 
@@ -319,10 +343,16 @@ impl S3Options {
         for (name, value) in [
             ("access_key_id", &self.access_key_id),
             ("secret_access_key", &self.secret_access_key),
+            ("session_token", &self.session_token),
         ] {
             if let Some(value) = value {
                 check_credential(name, value)?;
             }
+        }
+        if self.session_token.is_some() && self.access_key_id.is_none() {
+            return Err(
+                "a session_token goes with an access key and secret, which are not set".into(),
+            );
         }
         if self.access_key_id.is_none() {
             for name in [
@@ -357,15 +387,19 @@ impl S3Options {
     pub(super) fn build(&self) -> Result<object_store::aws::AmazonS3, TierError> {
         self.validate()?;
         let retries = self.max_retries as u32; // at most MAX_RETRIES
+        let mut client = ClientOptions::new()
+            .with_timeout(self.request_timeout)
+            .with_connect_timeout(self.connect_timeout)
+            .with_allow_http(self.allow_http);
+        if let Some(path) = &self.ca_bundle {
+            for certificate in read_ca_bundle(path)? {
+                client = client.with_root_certificate(certificate);
+            }
+        }
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_allow_http(self.allow_http)
-            .with_client_options(
-                ClientOptions::new()
-                    .with_timeout(self.request_timeout)
-                    .with_connect_timeout(self.connect_timeout)
-                    .with_allow_http(self.allow_http),
-            )
+            .with_client_options(client)
             .with_retry(RetryConfig {
                 backoff: BackoffConfig::default(),
                 max_retries: self.max_retries,
@@ -404,6 +438,9 @@ impl S3Options {
         if let Some(secret) = &self.secret_access_key {
             builder = builder.with_secret_access_key(secret);
         }
+        if let Some(token) = &self.session_token {
+            builder = builder.with_token(token);
+        }
         if !self.allow_instance_metadata && !has_credential_source(&builder) {
             return Err(TierError::Config(format!(
                 "no credentials found (looked in S3Options, AWS_ACCESS_KEY_ID / \
@@ -417,6 +454,18 @@ impl S3Options {
             .build()
             .map_err(|error| TierError::Config(error.to_string()))
     }
+}
+
+/// The certificates of a PEM bundle file.
+fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<object_store::Certificate>, TierError> {
+    let bad = |reason: String| TierError::Config(format!("ca_bundle {}: {reason}", path.display()));
+    let pem = std::fs::read(path).map_err(|error| bad(error.to_string()))?;
+    let certificates =
+        object_store::Certificate::from_pem_bundle(&pem).map_err(|error| bad(error.to_string()))?;
+    if certificates.is_empty() {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    Ok(certificates)
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ use super::super::objects::store_error;
 use super::super::s3::S3Options;
 use super::blocks::Stored;
 use super::layout::push_vllm_path;
+use std::time::Duration;
+
+use crate::settings::{ObjectTarget, ReachFault, SettingError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::task::{Semaphore, SemaphorePermit};
@@ -150,6 +153,56 @@ impl VllmObjectLayout {
         push_vllm_path(key, &mut name)?;
         // Every segment is hex, `_g` and digits, or the checked prefix.
         Ok(ObjectPath::from(name.as_str()))
+    }
+
+    /// Checks that the store answers, takes the credentials and has the
+    /// bucket: lists the rank prefix (one request, at most one page). A
+    /// `HEAD` alone cannot tell a missing bucket from a missing block.
+    pub async fn check_reachable(&self) -> Result<(), TierError> {
+        let prefix = ObjectPath::from(self.rank_prefix.as_str());
+        let _permit = self.permit().await;
+        self.store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map(drop)
+            .map_err(|error| store_error("list", &prefix, error))
+    }
+
+    /// The layout below `rank_prefix` of `target`'s bucket, once one
+    /// listing showed that the server answers, takes the credentials and
+    /// has the bucket; otherwise the error names the setting to fix (see
+    /// [`ObjectTarget::unreachable`]). Waits at most the request timeout
+    /// times the tries, and a second; blocking, so it refuses to run on a
+    /// tokio runtime's thread (call it from `spawn_blocking` there).
+    pub fn open_checked(target: &ObjectTarget, rank_prefix: &str) -> Result<Self, SettingError> {
+        let layout = Self::s3(target.options(), rank_prefix)
+            .map_err(|error| target.unreachable(ReachFault::of(&error), error))?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(SettingError::new(
+                "open_checked",
+                "is called on a tokio runtime's thread; it blocks, so call it from spawn_blocking",
+            ));
+        }
+        let options = target.options();
+        let limit = options.get_request_timeout().saturating_mul(
+            u32::try_from(options.get_max_retries())
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+        ) + Duration::from_secs(1);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| target.unreachable(ReachFault::Endpoint, error))?;
+        // The timer is made inside the runtime: it needs its clock.
+        let checked =
+            runtime.block_on(async { tokio::time::timeout(limit, layout.check_reachable()).await });
+        match checked {
+            Ok(Ok(())) => Ok(layout),
+            Ok(Err(error)) => Err(target.unreachable(ReachFault::of(&error), error)),
+            Err(_) => {
+                Err(target.unreachable(ReachFault::Endpoint, format!("no answer within {limit:?}")))
+            }
+        }
     }
 
     /// A slot for one request; `None` only if the semaphore were closed,

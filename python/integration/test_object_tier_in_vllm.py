@@ -1,0 +1,260 @@
+"""``kvtier.vllm.ObjectTier`` inside a real vLLM, on a real S3 server
+(SeaweedFS, started by ``seaweed.py`` on loopback for this module).
+
+- its object names are vLLM's obj tier's, from vLLM's own ``FileMapper``
+  built as vLLM's obj tier builds it, with the empty segment left out;
+- vLLM's tier factory loads it from ``module_path`` with vLLM's own
+  ``store_config`` and ``prefix``, or with kvtier's ``url``;
+- one host's stores are another host's hits and loads, through vLLM's
+  ``TieringOffloadingManager``;
+- a missing block fails the load through vLLM's failure path (the tail is
+  marked a miss);
+- wrong credentials, a missing bucket or an endpoint that does not answer
+  are errors at start that name the setting;
+- with the server stopped, lookups miss within ``lookup_timeout`` and jobs
+  fail; once it is back, the tier is used again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from kvtier import ConfigError
+from kvtier.vllm import ObjectTier
+from kvtier.vllm.object_tier import rank_prefix_of
+from vllm.v1.kv_offload.base import LookupResult, make_offload_key
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm.v1.kv_offload.tiering.manager import (
+    CPUPrimaryTierOffloadingManager,
+    TieringOffloadingManager,
+)
+
+from seaweed import ACCESS_KEY, SECRET_KEY, Seaweed
+from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
+
+BLOCKS, BLOCK_BYTES = 8, 64 * 1024
+BUCKET = "kvtier-vllm"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Seaweed(buckets=[BUCKET], anonymous=True) as server:
+        yield server
+
+
+@pytest.fixture
+def memory():
+    data = primary_memory(BLOCKS, BLOCK_BYTES)
+    data[:] = np.random.default_rng(11).integers(0, 256, data.shape, dtype=np.uint8)
+    return data
+
+
+def store_config(server, **overrides):
+    config = {
+        "bucket": BUCKET,
+        "endpoint_override": server.endpoint.removeprefix("http://"),
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "scheme": "http",
+    }
+    config.update(overrides)
+    return config
+
+
+def object_tier(server, memory, prefix, spec=None, **settings):
+    settings.setdefault("store_config", store_config(server))
+    return ObjectTier(
+        offloading_spec=spec or offloading_spec(),
+        primary_kv_view=memoryview(memory),
+        tier_type="kvtier-obj",
+        prefix=prefix,
+        n_read_threads=2,
+        n_write_threads=2,
+        request_timeout=2.0,
+        connect_timeout=1.0,
+        max_retries=1,
+        **settings,
+    )
+
+
+def job(job_id, keys, chunk_ids, promotion=False):
+    return TransferJob(
+        job_id=job_id,
+        keys=keys,
+        chunk_ids=np.array(chunk_ids, dtype=np.int64),
+        is_promotion=promotion,
+        req_context=context("r"),
+    )
+
+
+def finish(tier, timeout=20.0):
+    """The jobs' results, polled as vLLM's tier manager polls."""
+    deadline = time.monotonic() + timeout
+    results = []
+    while time.monotonic() < deadline:
+        results.extend(tier.get_finished_jobs())
+        if not tier._transfers.in_flight():
+            results.extend(tier.get_finished_jobs())
+            return results
+        time.sleep(0.005)
+    raise AssertionError("jobs did not finish")
+
+
+def resolve(tier, keys, ctx, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        verdicts = [tier.lookup(k, ctx) for k in keys]
+        if LookupResult.RETRY not in verdicts or time.monotonic() > deadline:
+            return verdicts
+        tier.on_schedule_end(STEP_END)
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("prefix", ["fleet", "a/b", ""])
+def test_object_names_are_vllms_obj_tier_names_without_the_empty_segment(server, memory, prefix):
+    spec = offloading_spec()
+    tier = object_tier(server, memory, prefix, spec)
+    try:
+        # vLLM's obj tier builds its mapper this way (manager.py).
+        root_dir = f"{prefix}/" if prefix else ""
+        vllms = FileMapper.from_offloading_spec(root_dir, spec, parallel_agnostic=True)
+        keys = [make_offload_key(b"\x01", 0), make_offload_key(b"\xab\xcd", 7), make_offload_key(bytes(range(32)), 2)]
+        for n, k in enumerate(keys):
+            memory[n] = n + 1
+        tier.submit_store(job(1, keys, [0, 1, 2]))
+        assert [r.success for r in finish(tier)] == [True]
+        names = set(server.list_objects(BUCKET, tier.rank_prefix))
+        theirs = {vllms.get_file_name(k) for k in keys}
+        # vLLM's names have an empty segment after the prefix ("//"), or a
+        # leading "/" without one: kvtier's are the same names without it.
+        assert all(("//" in name) if prefix else name.startswith("/") for name in theirs)
+        assert names == {"/".join(part for part in name.split("/") if part) for name in theirs}
+        assert tier.rank_prefix == rank_prefix_of(vllms)
+    finally:
+        tier.shutdown()
+
+
+def test_vllms_factory_loads_the_tier_with_vllms_settings_or_a_url(server, memory, monkeypatch):
+    config = {"type": "ObjectTier", "module_path": "kvtier.vllm", "store_config": store_config(server),
+              "prefix": "factory", "io_threads": 4}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(memory), offloading_spec())
+    try:
+        assert isinstance(tier, ObjectTier) and tier.tier_type == "ObjectTier"
+        assert resolve(tier, [key(1)], context("a")) == [LookupResult.MISS]
+    finally:
+        tier.shutdown()
+    # kvtier's URL, the credentials from the environment.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    config = {"type": "ObjectTier", "module_path": "kvtier.vllm",
+              "url": f"s3://{BUCKET}/factory?endpoint={server.endpoint}"}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(memory), offloading_spec())
+    try:
+        assert tier.rank_prefix.startswith("factory/")
+        assert resolve(tier, [key(1)], context("a")) == [LookupResult.MISS]
+    finally:
+        tier.shutdown()
+
+
+def test_one_hosts_stores_are_another_hosts_hits_through_vllms_tier_manager(server, memory):
+    expected = [memory[0].copy(), memory[1].copy()]
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(memory))
+    tier = object_tier(server, memory, "hosts")
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    keys, ctx = [key(10), key(11)], context("writer")
+    manager.on_new_request(ctx)
+    stored = manager.prepare_store(keys, ctx)
+    assert stored is not None
+    for block, value in zip(stored.store_spec.chunk_ids, expected):
+        memory[block] = value
+    manager.complete_store(keys, ctx)
+    deadline = time.monotonic() + 20
+    while manager.has_pending_work() and time.monotonic() < deadline:
+        manager.on_schedule_end(STEP_END)
+        manager.lookup(key(99), ctx)  # polls the tiers' finished jobs
+        time.sleep(0.002)
+    manager.on_request_finished(ctx)
+    tier.shutdown()
+
+    # Host B: its own memory, its own tier, the same bucket.
+    other = primary_memory(BLOCKS, BLOCK_BYTES)
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(other))
+    tier = object_tier(server, other, "hosts")
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    try:
+        ctx = context("reader")
+        manager.on_new_request(ctx)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            verdicts = [manager.lookup(k, ctx) for k in keys]
+            if verdicts == [LookupResult.HIT, LookupResult.HIT]:
+                break
+            manager.on_schedule_end(STEP_END)
+            time.sleep(0.002)
+        assert verdicts == [LookupResult.HIT, LookupResult.HIT]
+        loaded = manager.prepare_load(keys, ctx)
+        for block, value in zip(loaded.chunk_ids, expected):
+            assert (other[block] == value).all(), "the promoted bytes are the stored ones"
+    finally:
+        tier.shutdown()
+
+
+def test_a_missing_block_fails_the_load_and_only_its_tail_becomes_a_miss(server, memory):
+    tier = object_tier(server, memory, "failing")
+    try:
+        tier.submit_store(job(1, [key(1)], [0]))
+        assert [r.success for r in finish(tier)] == [True]
+        assert resolve(tier, [key(1), key(2)], context("a")) == [LookupResult.HIT, LookupResult.MISS]
+        tier.submit_load(job(2, [key(1), key(2), key(3)], [4, 5, 6], promotion=True))
+        (result,) = finish(tier)
+        assert not result.success
+        assert result.successful_keys == (key(1),)
+        assert (memory[4] == memory[0]).all()
+    finally:
+        tier.shutdown()
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        ({"secret_key": "s3cr3t-wrong-value"}, "store_config['access_key'] / store_config['secret_key']"),
+        ({"bucket": "no-such-bucket"}, "store_config['bucket']"),
+        ({"endpoint_override": "127.0.0.1:1"}, "store_config['endpoint_override']"),
+        ({"scheme": "ftp"}, "store_config['scheme']"),
+        ({"acess_key": "x"}, "store_config['acess_key']"),
+    ],
+)
+def test_a_bad_store_is_an_error_at_start_that_names_the_setting(server, memory, overrides, named):
+    with pytest.raises(ConfigError) as error:
+        object_tier(server, memory, "bad", store_config=store_config(server, **overrides))
+    assert str(error.value).startswith(named), str(error.value)
+    assert "s3cr3t-wrong-value" not in str(error.value), "a secret is never shown"
+
+
+def test_with_the_server_stopped_lookups_miss_jobs_fail_and_the_tier_comes_back(memory):
+    with Seaweed(buckets=[BUCKET], anonymous=True) as server:
+        tier = object_tier(server, memory, "outage", lookup_timeout=1.0)
+        try:
+            tier.submit_store(job(1, [key(1)], [0]))
+            assert [r.success for r in finish(tier)] == [True]
+            server.stop()
+            started = time.monotonic()
+            assert resolve(tier, [key(1)], context("during")) == [LookupResult.MISS]
+            tier.submit_store(job(2, [key(2)], [1]))
+            tier.submit_load(job(3, [key(1)], [5], promotion=True))
+            results = {r.job_id: r.success for r in finish(tier)}
+            assert results == {2: False, 3: False}
+            print(f"outage: a lookup and two jobs failed in {time.monotonic() - started:.1f} s")
+            server.start()
+            tier.on_request_finished(context("during"))
+            assert resolve(tier, [key(1)], context("after")) == [LookupResult.HIT]
+            tier.submit_load(job(4, [key(1)], [5], promotion=True))
+            assert [r.success for r in finish(tier)] == [True]
+            assert (memory[5] == memory[0]).all()
+        finally:
+            tier.shutdown()
