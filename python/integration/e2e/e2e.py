@@ -32,6 +32,9 @@ and once with vLLM's own fs tier (the control). What it checks:
   SIGTERM with the recipe's timeout and in vLLM's default mode, restarted:
   texts equal, prompt tokens from the tier, kvtier's figures on /metrics,
   no kvtier frame in any traceback, /dev/shm clean (``e2e_server.py``);
+- a fleet of hosts on one bucket of a real S3 server through kvtier's
+  ``ObjectTier``: cross-host hits with 0 prompt tokens computed, and a
+  server outage mid-run (``e2e_fleet.py``);
 - every clean run: no ``Traceback`` or ``BufferError`` in any engine
   process's output (vLLM's own chat-template warmup warning, which every
   engine started with ``skip_tokenizer_init`` prints, is the one record
@@ -143,6 +146,11 @@ def main() -> int:
 
             print("server: the README's recipes behind an OpenAI client, SIGTERM both ways", flush=True)
             e2e_server.run(harness)
+        if "fleet" in scenarios:
+            import e2e_fleet
+
+            print("fleet: hosts sharing one bucket of a real S3 server (SeaweedFS), an outage", flush=True)
+            e2e_fleet.run(harness)
     except CheckFailed as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1

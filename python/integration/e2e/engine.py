@@ -14,7 +14,12 @@ tiering, on ``root``; see ``connector_config``),
 ``kv_space_gib``, ``cpu_bytes``, ``max_num_seqs``, ``num_gpu_blocks`` (a
 KV cache of that many blocks), ``warmup`` (token ids run once before the
 timed prompts), ``model_len``, ``load_format``, ``tier_options`` (more
-settings of the tier), ``offload_block_size`` (tokens per offloaded block,
+settings of the tier), ``object`` (with ``tier`` ``"object"``: kvtier's
+``ObjectTier``'s ``url`` or ``store_config`` and ``prefix``), ``env``
+(environment variables for the engine's processes), ``then`` and
+``pause`` (later batches of prompts, each run once the harness creates
+``<pause>/phase<n>`` after the engine wrote ``<pause>/phase<n>.ready``),
+``offload_block_size`` (tokens per offloaded block,
 a multiple of the engine's 32), ``abort`` (indices of
 prompts to abort once they have started), ``store_delay`` (seconds each
 store job is held before it reaches the tier: makes stores slow enough to
@@ -52,6 +57,11 @@ def tier_configs(settings: dict) -> list:
 
 def tier_config(settings: dict) -> dict:
     root = settings["root"]
+    if settings["tier"] == "object":
+        # kvtier's object tier: ``object`` holds its url, or vLLM's
+        # store_config and prefix, and its request settings.
+        return {"type": "ObjectTier", "module_path": "kvtier.vllm", **settings["object"],
+                **settings.get("tier_options", {})}
     tier = {"type": "fs", "root_dir": root} if settings["tier"] == "vllm" else {
         "type": "FsTier", "module_path": "kvtier.vllm", "root_dir": root}
     if settings.get("store_delay"):
@@ -138,6 +148,9 @@ def metrics(llm) -> dict:
 def main() -> None:
     settings = json.load(open(sys.argv[1]))
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("kv_space_gib", 1))
+    # The process's environment for the scenario (an object store's
+    # credentials, say); the engine's own processes inherit it.
+    os.environ.update(settings.get("env", {}))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -175,6 +188,13 @@ def main() -> None:
         wait_at_barrier(settings["barrier"])
     started = time.perf_counter()
     outputs, steps = run(llm, prompts, params, set(settings.get("abort", ())))
+    for phase, more in enumerate(settings.get("then", ()), start=1):
+        # A later batch of prompts, after the harness's go (``pause``):
+        # the harness changes the world between two batches (stops a
+        # server, starts it again).
+        wait_at_barrier(settings["pause"], f"phase{phase}")
+        later, _ = run(llm, [TokensPrompt(prompt_token_ids=ids) for ids in more], params, set())
+        outputs.update({f"{phase}.{i}": out for i, out in later.items()})
     seconds = time.perf_counter() - started
     result = {
         "outputs": outputs,
@@ -196,11 +216,13 @@ def main() -> None:
     del llm
 
 
-def wait_at_barrier(barrier: str) -> None:
-    """Says this engine is up, then waits for the harness's go."""
-    open(os.path.join(barrier, f"{os.getpid()}.ready"), "w").close()
+def wait_at_barrier(barrier: str, name: str = "go") -> None:
+    """Says this engine is up (or done with a batch: ``<name>.ready``),
+    then waits for the harness's ``<barrier>/<name>``."""
+    ready = f"{os.getpid()}.ready" if name == "go" else f"{name}.ready"
+    open(os.path.join(barrier, ready), "w").close()
     deadline = time.monotonic() + 600
-    while not os.path.exists(os.path.join(barrier, "go")):
+    while not os.path.exists(os.path.join(barrier, name)):
         if time.monotonic() > deadline:
             raise SystemExit("no go at the barrier within 10 minutes")
         time.sleep(0.01)

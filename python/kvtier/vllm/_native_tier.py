@@ -282,6 +282,15 @@ class NativeTier(SecondaryTierManager):
                     capacity["adopted"],
                     capacity["forgotten"],
                 )
+            totals, block = self._figures.totals, max(1, self.block_size_bytes)
+            logger.info(
+                "tier %r: loaded %d blocks (%d failed) and stored %d (%d failed)",
+                self.tier_type,
+                totals["load_bytes"] // block,
+                totals["load_failures"],
+                totals["store_bytes"] // block,
+                totals["store_failures"],
+            )
         self._closed = True
         self._lookup_manager.shutdown()
         loads, stores = self._transfers.shutdown(self._shutdown_grace)

@@ -1,0 +1,169 @@
+"""A fleet on one bucket: engine processes standing for hosts, each with
+its own CPU tier and its own directories, sharing nothing but a bucket of
+a real S3 server (SeaweedFS, ``seaweed.py``) through kvtier's
+``ObjectTier``.
+
+- host A computes the prompts and stores their blocks (kvtier's ``url``,
+  credentials from the environment); the bucket then holds exactly vLLM's
+  raw blocks, one object each, and no unfinished upload;
+- host B (vLLM's ``store_config`` and ``prefix``, explicit credentials)
+  serves every prompt token from A's objects: 0 computed, the same tokens
+  and logprobs as the run without offloading;
+- host C runs while the server is stopped for a few seconds between two
+  batches: during the outage its lookups turn to misses and its stores
+  fail (reported, counted), the prompts are computed with the same outputs;
+  once the server is back, the tier serves A's blocks again.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail
+
+sys.path.insert(0, str(HERE.parent))
+from seaweed import ACCESS_KEY, SECRET_KEY, Seaweed  # noqa: E402
+
+if TYPE_CHECKING:
+    from harness import Harness
+
+BUCKET = "kvtier-fleet"
+PREFIX = "fleet"
+#: How long the outage lasts once host C's batch during it has run.
+OUTAGE_SECONDS = 4.0
+#: Request settings of every host: a stopped server costs a lookup group at
+#: most lookup_timeout, a job at most (retries + 1) x request_timeout.
+REQUESTS = {"request_timeout": 2.0, "connect_timeout": 1.0, "max_retries": 1, "lookup_timeout": 1.0}
+
+
+def url_form(server: Seaweed) -> dict:
+    return {"url": f"s3://{BUCKET}/{PREFIX}?endpoint={server.endpoint}", **REQUESTS}
+
+
+def vllm_form(server: Seaweed) -> dict:
+    config = {
+        "bucket": BUCKET,
+        "endpoint_override": server.endpoint.removeprefix("http://"),
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "scheme": "http",
+    }
+    return {"store_config": config, "prefix": PREFIX, **REQUESTS}
+
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+
+def tier_counts(name: str, log: str) -> dict:
+    """The figures the tier logs at shutdown (``NativeTier.shutdown``)."""
+    found = re.search(
+        r"loaded (\d+) blocks \((\d+) failed\) and stored (\d+) \((\d+) failed\)", log
+    )
+    check(found is not None, f"{name}: the tier logged no transfer figures at shutdown\n{tail(log)}")
+    loaded, load_failed, stored, store_failed = map(int, found.groups())
+    return {"loaded": loaded, "load_failed": load_failed, "stored": stored, "store_failed": store_failed}
+
+
+def run(h: "Harness") -> None:
+    server_dir = h.work / "seaweed"
+    shutil.rmtree(server_dir, ignore_errors=True)
+    with Seaweed(server_dir, buckets=[BUCKET], anonymous=True) as server:
+        hosts(h, server)
+
+
+def hosts(h: "Harness", server: Seaweed) -> None:
+    blocks = PROMPTS * PROMPT_TOKENS // 32
+
+    # Host A: computes and stores.
+    a = h.run("fleet-a", h.settings("object", h.work / "fleet-a", object=url_form(server), env=CREDENTIALS))
+    h.same_outputs("fleet host A", a["outputs"])
+    objects = server.list_objects(BUCKET, f"{PREFIX}/")
+    check(len(objects) == blocks, f"fleet host A: {len(objects)} objects in the bucket, {blocks} blocks computed")
+    check(
+        set(objects.values()) == {BLOCK_BYTES},
+        f"fleet host A: objects of other sizes than a block: {sorted(set(objects.values()))}",
+    )
+    check(not server.list_uploads(BUCKET), "fleet host A: unfinished uploads left")
+
+    # Host B: another host, vLLM's own settings: every prompt token from A's.
+    b = h.run("fleet-b", h.settings("object", h.work / "fleet-b", object=vllm_form(server)))
+    h.all_from_tier("fleet host B", b)
+    h.same_outputs("fleet host B", b["outputs"])
+    counts = tier_counts("fleet host B", b["log"])
+    check(counts["loaded"] == blocks, f"fleet host B: {counts} (loaded {blocks} expected)")
+    h.notes.append(
+        f"fleet: host A's generate() {a['seconds']:.2f} s computing and storing, "
+        f"host B's {b['seconds']:.2f} s loading every block from the bucket"
+    )
+    outage(h, server)
+
+
+def outage(h: "Harness", server: Seaweed) -> None:
+    """Host C: new prompts with the server up, A's prompts 0-1 with it
+    stopped, A's prompts 2-3 once it is back."""
+    rng = random.Random(42)
+    fresh = [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(2)]
+    pause = h.work / "runs" / "fleet-c-pause"
+    shutil.rmtree(pause, ignore_errors=True)
+    pause.mkdir(parents=True)
+    settings = h.settings(
+        "object",
+        h.work / "fleet-c",
+        object=vllm_form(server),
+        pause=str(pause),
+        then=[h.prompts[0:2], h.prompts[2:4]],
+    )
+    settings["prompts"] = fresh
+    process, run_dir = h.start("fleet-c-outage", settings)
+    started = time.monotonic()
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 600
+        while not (pause / name).exists():
+            log = (run_dir / "engine.log").read_text()
+            check(process.poll() is None and time.monotonic() < deadline, f"fleet host C: no {name}\n{tail(log)}")
+            time.sleep(0.05)
+
+    wait_for("phase1.ready")
+    # The fresh prompts' stores may still be in flight: let them land.
+    time.sleep(1.0)
+    stored_before = len(server.list_objects(BUCKET, f"{PREFIX}/"))
+    server.stop()
+    stopped = time.monotonic()
+    (pause / "phase1").touch()
+    wait_for("phase2.ready")
+    during = time.monotonic() - stopped
+    time.sleep(max(0.0, OUTAGE_SECONDS - during))
+    server.start()
+    (pause / "phase2").touch()
+    c = h._ended(process, run_dir, started)
+    outputs = c["outputs"]
+    h.same_outputs(
+        "fleet host C, during the outage",
+        {k[2:]: v for k, v in outputs.items() if k.startswith("1.")},
+        only={0, 1},
+    )
+    h.same_outputs(
+        "fleet host C, after the outage",
+        {str(int(k[2:]) + 2): v for k, v in outputs.items() if k.startswith("2.")},
+        only={2, 3},
+    )
+    m = c["metrics"]
+    loaded = m.get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
+    check(
+        loaded == 2 * PROMPT_TOKENS,
+        f"fleet host C: {loaded} prompt tokens loaded; A's prompts 2-3 ({2 * PROMPT_TOKENS}) after the outage: {m}",
+    )
+    counts = tier_counts("fleet host C", c["log"])
+    check(counts["store_failed"] > 0, f"fleet host C: no store failed during the outage: {counts}")
+    stored_after = len(server.list_objects(BUCKET, f"{PREFIX}/"))
+    h.notes.append(
+        f"fleet outage: host C's batch ran {during:.1f} s with the server stopped; "
+        f"{counts['store_failed']} block stores failed, {stored_after - stored_before} objects added afterwards; "
+        f"A's prompts 2-3 loaded once it was back"
+    )
