@@ -21,6 +21,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// 84 bytes of payload: 100 bytes with the block header.
 const BLOCK: u64 = 100;
+const PAYLOAD: usize = 84;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -241,16 +242,6 @@ fn a_budget_of_nothing_and_a_second_budget_are_config_errors() {
         // A budget of nothing cannot be built: the capacity is non-zero.
         let zero = BudgetConfig::new(0).unwrap_err();
         assert_eq!(zero.setting, "capacity_bytes");
-        // A rescan interval: the object tier reconciles only at start.
-        let rescanning = BudgetConfig::new(10)
-            .unwrap()
-            .with_rescan_interval(Some(std::time::Duration::from_secs(1)))
-            .unwrap();
-        let refused = ObjectTier::memory("ns")
-            .unwrap()
-            .with_budget(rescanning)
-            .await;
-        assert!(matches!(refused, Err(TierError::Config(why)) if why.contains("rescan_interval")));
         let tier = ObjectTier::memory("ns")
             .unwrap()
             .with_budget(BudgetConfig::new(10).unwrap().with_policy(Policy::Lru))
@@ -396,5 +387,78 @@ fn a_store_whose_caller_stops_waiting_still_ends_with_the_books_equal_to_the_obj
             "{stats:?}"
         );
         assert!(stats.resident_bytes <= 3 * BLOCK);
+    });
+}
+
+#[test]
+fn hosts_sharing_a_prefix_stay_within_one_budget_through_reconciles() {
+    runtime().block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        // Two hosts, each with the whole budget of four blocks in its books.
+        let (a, b) = (budgeted(&store, 4).await, budgeted(&store, 4).await);
+        for key in 0u64..3 {
+            a.store(&key, vec![1; PAYLOAD]).await.unwrap();
+        }
+        for key in 10u64..13 {
+            b.store(&key, vec![2; PAYLOAD]).await.unwrap();
+        }
+        // Each counted only its own: six blocks where four fit.
+        assert_eq!(bytes_below(&*store, "ns").await, 6 * BLOCK);
+        // A's reconcile counts B's blocks and deletes its least recent.
+        let report = a.reconcile().await.unwrap();
+        assert_eq!((report.adopted, report.evicted), (3, 2));
+        assert_eq!(bytes_below(&*store, "ns").await, 4 * BLOCK);
+        // B's books come to the same four blocks: it forgets whichever of
+        // its own A deleted and counts A's that are left, deleting nothing.
+        let report = b.reconcile().await.unwrap();
+        assert_eq!(report.evicted, 0);
+        assert_eq!(report.adopted - report.forgotten, 1, "{report:?}");
+        for tier in [&a, &b] {
+            assert_eq!(tier.capacity_stats().unwrap().resident_bytes, 4 * BLOCK);
+        }
+        // An object that is not a block of the layout is neither counted
+        // nor deleted.
+        let foreign = ObjectPath::from("ns/abc/de/notes.txt");
+        store.put(&foreign, vec![0u8; 10].into()).await.unwrap();
+        let report = a.reconcile().await.unwrap();
+        assert_eq!((report.adopted, report.evicted), (0, 0));
+        assert!(store.head(&foreign).await.is_ok());
+        // Without a budget there is nothing to reconcile.
+        assert!(ObjectTier::memory("ns").unwrap().reconcile().await.is_err());
+    });
+}
+
+#[test]
+fn a_rescan_interval_reconciles_on_its_own_until_the_tier_is_dropped() {
+    runtime().block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let rescanning = BudgetConfig::new(4 * BLOCK)
+            .unwrap()
+            .with_rescan_interval(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        let a = ObjectTier::new(store.clone(), "ns")
+            .unwrap()
+            .with_budget(rescanning)
+            .await
+            .unwrap();
+        let b = budgeted(&store, 4).await;
+        for key in 0u64..6 {
+            b.store(&key, vec![3; PAYLOAD]).await.unwrap();
+        }
+        // B kept its own books within four; now A's task finds them.
+        a.store(&100u64, vec![4; PAYLOAD]).await.unwrap();
+        let mut waited = 0;
+        while a.capacity_stats().unwrap().reconciles == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            waited += 1;
+            assert!(waited < 1000, "no reconcile ran");
+        }
+        assert!(bytes_below(&*store, "ns").await <= 4 * BLOCK);
+        let stats = a.capacity_stats().unwrap();
+        assert!(
+            stats.adopted >= 4 && stats.resident_bytes <= 4 * BLOCK,
+            "{stats:?}"
+        );
+        drop(a);
     });
 }

@@ -198,3 +198,108 @@ fn with_the_server_gone_jobs_and_lookups_fail_within_their_timeouts() {
     assert_eq!(layout.stats().head_errors, 1);
     a.shutdown(Duration::ZERO);
 }
+
+/// The blocks below the rank prefix, listed.
+fn listed(options: &S3Options) -> Vec<(String, u64)> {
+    let layout = VllmObjectLayout::s3(options, RANK).unwrap();
+    runtime().block_on(async {
+        use futures_util::StreamExt;
+        let prefix = object_store::path::Path::from(RANK);
+        let mut listing = layout.store().list(Some(&prefix));
+        let mut found = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.unwrap();
+            found.push((meta.location.to_string(), meta.size));
+        }
+        found
+    })
+}
+
+fn budget(blocks: u64) -> kvtier::settings::BudgetConfig {
+    kvtier::settings::BudgetConfig::new(blocks * BLOCK as u64).unwrap()
+}
+
+#[test]
+fn a_budget_bounds_the_rank_prefix_and_tells_the_lookups_what_it_evicted() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let mut a = host(&options, 6);
+    a.record_changes(true);
+    let scan = a.set_budget(budget(3)).unwrap().clone();
+    assert_eq!(scan.blocks, 0);
+    for block in 0..5 {
+        a.region()
+            .unwrap()
+            .write_block(block, &pattern(block as u8))
+            .unwrap();
+        let stored = run(
+            &mut a,
+            TransferKind::Store,
+            block as u64,
+            &[block as u64],
+            &[block],
+        );
+        assert!(stored.succeeded(), "{stored:?}");
+        assert!(
+            listed(&options).len() <= 3,
+            "within the budget after every store"
+        );
+    }
+    let stats = a.capacity_stats().unwrap();
+    assert_eq!(
+        (stats.resident_bytes, stats.evictions),
+        (3 * BLOCK as u64, 2)
+    );
+    // The lookups hear of five stores and two evictions, in order.
+    let changes = a.take_changes();
+    assert_eq!(changes.iter().filter(|(_, stored)| *stored).count(), 5);
+    let evicted: Vec<_> = changes
+        .iter()
+        .filter(|(_, stored)| !stored)
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(evicted, [key(0), key(1)], "the least recent first");
+    // A load pins; one of an evicted block fails and only its tail is lost.
+    let loaded = run(&mut a, TransferKind::Load, 10, &[4, 0], &[5, 3]);
+    assert_eq!(loaded.done, 1);
+}
+
+#[test]
+fn hosts_sharing_a_prefix_stay_within_one_budget_through_reconciles() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let (mut a, mut b) = (host(&options, 4), host(&options, 4));
+    a.set_budget(budget(4)).unwrap();
+    b.set_budget(budget(4)).unwrap();
+    for (host, first) in [(&mut a, 0u64), (&mut b, 10u64)] {
+        for i in 0..3 {
+            host.region()
+                .unwrap()
+                .write_block(i, &pattern(i as u8))
+                .unwrap();
+        }
+        let stored = run(
+            host,
+            TransferKind::Store,
+            1,
+            &[first, first + 1, first + 2],
+            &[0, 1, 2],
+        );
+        assert!(stored.succeeded());
+    }
+    assert_eq!(listed(&options).len(), 6, "each host counted its own");
+    let report = a.reconcile().unwrap();
+    assert_eq!((report.adopted, report.evicted), (3, 2));
+    assert_eq!(listed(&options).len(), 4);
+    b.reconcile().unwrap();
+    for host in [&a, &b] {
+        assert_eq!(
+            host.capacity_stats().unwrap().resident_bytes,
+            4 * BLOCK as u64
+        );
+    }
+}

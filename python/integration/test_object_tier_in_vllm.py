@@ -258,3 +258,32 @@ def test_with_the_server_stopped_lookups_miss_jobs_fail_and_the_tier_comes_back(
             assert (memory[5] == memory[0]).all()
         finally:
             tier.shutdown()
+
+
+def test_capacity_bytes_bounds_the_prefix_and_reconciles_count_the_other_hosts(server, memory):
+    budget = 3 * BLOCK_BYTES
+    a = object_tier(server, memory, "budget", capacity_bytes=budget, rescan_interval=0.05)
+    other = primary_memory(BLOCKS, BLOCK_BYTES)
+    b = object_tier(server, other, "budget", capacity_bytes=budget)
+    try:
+        listed = lambda: sum(server.list_objects(BUCKET, a.rank_prefix + "/").values())  # noqa: E731
+        for n in range(5):
+            a.submit_store(job(n, [key(n)], [n]))
+            assert [r.success for r in finish(a)] == [True]
+            assert listed() <= budget
+        # The lookups heard of the two evictions: those keys miss at once.
+        assert resolve(a, [key(0), key(1), key(4)], context("a")) == [
+            LookupResult.MISS, LookupResult.MISS, LookupResult.HIT]
+        # Host B writes two blocks into the same prefix: A's reconcile
+        # counts them and brings the prefix back within the budget.
+        b.submit_store(job(1, [key(10), key(11)], [0, 1]))
+        assert [r.success for r in finish(b)] == [True]
+        deadline = time.monotonic() + 20
+        while listed() > budget and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert listed() <= budget
+        stats = a.capacity_stats()
+        assert stats["reconciles"] > 0 and stats["adopted"] >= 1, stats
+    finally:
+        a.shutdown()
+        b.shutdown()

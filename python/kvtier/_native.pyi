@@ -185,6 +185,9 @@ class VllmTransfers:
         *,
         load_threads: int = 16,
         store_threads: int = 16,
+        capacity_bytes: Optional[int] = None,
+        eviction_policy: Optional[str] = None,
+        rescan_interval: Optional[float] = None,
     ) -> VllmTransfers: ...
     def capacity_stats(self) -> Optional[dict[str, int]]: ...
     def scan_report(self) -> Optional[dict[str, float]]: ...

@@ -160,16 +160,25 @@ impl PyVllmTransfers {
     /// Transfers between `primary` and the blocks of vLLM's layout below
     /// `rank_prefix` of the bucket `target` names (an `ObjectTarget` from
     /// `check_settings`), on `load_threads` + `store_threads` native
-    /// threads (default 16 each), one request in flight per thread. No
-    /// byte budget yet.
+    /// threads (default 16 each), one request in flight per thread. With
+    /// `capacity_bytes`, a byte budget over the rank prefix (listed now;
+    /// reconciled with a listing every `rescan_interval` seconds when set),
+    /// as the constructor's over a directory.
     #[staticmethod]
-    #[pyo3(signature = (target, rank_prefix, primary, *, load_threads = None, store_threads = None))]
+    #[pyo3(signature = (
+        target, rank_prefix, primary, *, load_threads = None, store_threads = None,
+        capacity_bytes = None, eviction_policy = None, rescan_interval = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn objects(
         target: &Bound<'_, crate::objects::PyObjectTarget>,
         rank_prefix: &str,
         primary: &Bound<'_, PyAny>,
         load_threads: Option<&Bound<'_, PyAny>>,
         store_threads: Option<&Bound<'_, PyAny>>,
+        capacity_bytes: Option<&Bound<'_, PyAny>>,
+        eviction_policy: Option<&Bound<'_, PyAny>>,
+        rescan_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             let threads = |name, value: Option<&Bound<'_, PyAny>>| {
@@ -177,13 +186,23 @@ impl PyVllmTransfers {
             };
             let load_threads = threads("load_threads", load_threads)?;
             let store_threads = threads("store_threads", store_threads)?;
+            let budget = budget_of(
+                Spelling(None),
+                capacity_bytes,
+                eviction_policy,
+                None,
+                rescan_interval,
+            )?;
             let layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
                 .map_err(tier_error)?
                 .with_max_in_flight(load_threads + store_threads)
                 .map_err(tier_error)?;
             let region = region_of(primary)?;
-            let inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
+            let mut inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
+            if let Some(budget) = budget {
+                inner.set_budget(budget).map_err(tier_error)?;
+            }
             Ok(Self {
                 inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
             })

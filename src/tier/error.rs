@@ -52,7 +52,7 @@ impl ScanReport {
 /// What one reconcile of a tier's budget with its directory did (see
 /// [`FsTier::reconcile`](crate::tier::FsTier::reconcile)): the books brought in line with the blocks other
 /// processes wrote and deleted.
-#[cfg(fs_tier)]
+#[cfg(tiers)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReconcileReport {

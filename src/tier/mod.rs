@@ -69,7 +69,7 @@ mod vllm;
 
 #[cfg(fs_tier)]
 pub use budget::scan_directory;
-#[cfg(fs_tier)]
+#[cfg(tiers)]
 pub use error::ReconcileReport;
 #[cfg(tiers)]
 pub use error::ScanReport;

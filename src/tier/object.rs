@@ -6,9 +6,10 @@ use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::error::{ScanReport, TierError};
+use super::error::{ReconcileReport, ScanReport, TierError};
 use super::format::{self, HEADER_LEN};
 use super::key::{BlockKey, check_namespace, push_block_path};
+use super::names::kvtier_entry;
 use super::object_budget::ObjectBudget;
 use super::objects::{head, put, store_error};
 use super::s3::S3Options;
@@ -139,12 +140,15 @@ impl ObjectTier {
     /// deleted. From then on every store gets room first, deleting blocks
     /// by the budget's policy (a store that cannot is
     /// [`TierError::NoRoom`], nothing lost), and every load pins its block.
-    /// Clones share the budget. A budget with a `rescan_interval` is
-    /// refused: this tier reconciles only at start.
+    /// Clones share the budget.
     ///
-    /// The budget counts what this tier found and wrote: another process
-    /// writing to the same prefix is not counted until its next scan (see
-    /// docs/design.md, "Capacity across processes").
+    /// The budget counts what this tier found and wrote. Other processes
+    /// or hosts writing to the same prefix are counted by a reconcile
+    /// ([`reconcile`](Self::reconcile)): with a `rescan_interval` the
+    /// budget runs one that often on a task of the current tokio runtime,
+    /// until the tier and its clones are dropped, so the prefix stays
+    /// within the capacity plus about one interval of the others' writes
+    /// (see docs/design.md, "Capacity across processes").
     ///
     /// ```
     /// use kvtier::ObjectTier;
@@ -162,27 +166,54 @@ impl ObjectTier {
     /// # }).unwrap();
     /// ```
     pub async fn with_budget(mut self, budget: BudgetConfig) -> Result<Self, TierError> {
-        if budget.rescan_interval().is_some() {
-            return Err(TierError::Config(
-                "rescan_interval is set; the object tier reconciles its budget only at start"
-                    .into(),
-            ));
-        }
         if self.budget.is_some() {
             return Err(TierError::Config(
                 "the tier has a byte budget already".into(),
             ));
         }
         let prefix = ObjectPath::from(self.namespace.as_str());
-        let budget = ObjectBudget::scan(
-            &*self.store,
-            &prefix,
-            budget.capacity().get(),
-            budget.policy(),
-        )
-        .await?;
-        self.budget = Some(Arc::new(budget));
+        let books = Arc::new(
+            ObjectBudget::scan(
+                &*self.store,
+                &prefix,
+                budget.capacity().get(),
+                budget.policy(),
+                kvtier_entry,
+            )
+            .await?,
+        );
+        if let Some(interval) = budget.rescan_interval() {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return Err(TierError::Config(
+                    "rescan_interval needs a tokio runtime to reconcile on".into(),
+                ));
+            };
+            let (books, store) = (Arc::downgrade(&books), self.store.clone());
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(interval).await;
+                    // The tier and its clones are gone: so is the task.
+                    let Some(books) = books.upgrade() else { return };
+                    if let Err(error) = books.reconcile(&*store, &prefix).await {
+                        tracing::warn!(%error, %prefix, "cannot reconcile the budget with the bucket");
+                    }
+                }
+            });
+        }
+        self.budget = Some(books);
         Ok(self)
+    }
+
+    /// Lists the namespace and reconciles the budget with it, now: blocks
+    /// other processes or hosts wrote are counted, those they deleted
+    /// forgotten, and the least valuable deleted until the books fit the
+    /// capacity. An error without a budget, or when the listing fails.
+    pub async fn reconcile(&self) -> Result<ReconcileReport, TierError> {
+        let Some(budget) = &self.budget else {
+            return Err(TierError::Config("the tier has no byte budget".into()));
+        };
+        let prefix = ObjectPath::from(self.namespace.as_str());
+        budget.reconcile(&*self.store, &prefix).await
     }
 
     /// What the tier's namespace holds now: its block objects and their
@@ -203,7 +234,7 @@ impl ObjectTier {
     /// ```
     pub async fn usage(&self) -> Result<ScanReport, TierError> {
         let prefix = ObjectPath::from(self.namespace.as_str());
-        super::object_budget::usage(&*self.store, &prefix).await
+        super::object_budget::usage(&*self.store, &prefix, kvtier_entry).await
     }
 
     /// The byte budget's counters and gauges (`None` without one).

@@ -16,18 +16,23 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
-use super::error::{ScanReport, TierError};
-use super::names::{Entry, kvtier_entry};
+use super::error::{ReconcileReport, ScanReport, TierError};
+use super::names::Entry;
 use crate::capacity::{
     ADMIT_ROUNDS, CapacityStats, PinGuard, Policy, Rejection, Reserved, SharedLedger, Victims,
     WriteGuard,
 };
 
+/// Which names below a prefix are blocks: `(fan_out, shard, name)` →
+/// [`Entry`] (kvtier's layout, or vLLM's).
+pub(crate) type Classify = fn(&str, &str, &str) -> Entry;
+
 /// The budget of one [`ObjectTier`](crate::ObjectTier) (shared by its
-/// clones).
+/// clones), or of vLLM's transfers on a bucket.
 pub(crate) struct ObjectBudget {
     ledger: SharedLedger<ObjectPath>,
     report: ScanReport,
+    classify: Classify,
 }
 
 impl std::fmt::Debug for ObjectBudget {
@@ -47,9 +52,10 @@ impl ObjectBudget {
         prefix: &ObjectPath,
         capacity: u64,
         policy: Policy,
+        classify: Classify,
     ) -> Result<Self, TierError> {
         let started = Instant::now();
-        let mut found = list_blocks(store, prefix).await?;
+        let mut found = list_blocks(store, prefix, classify).await?;
         // Newest first: the ledger counts what fits and names the rest.
         // guard: E25-the-object-scan-keeps-the-newest-blocks
         found.sort_unstable_by(|a, b| {
@@ -65,7 +71,71 @@ impl ObjectBudget {
         };
         report.trimmed = delete_all(store, ledger.victims(victims), Some(&mut report)).await as u64;
         report.elapsed = started.elapsed();
-        Ok(Self { ledger, report })
+        Ok(Self {
+            ledger,
+            report,
+            classify,
+        })
+    }
+
+    /// Lists `prefix` and reconciles the books with it (see
+    /// [`CapacityLedger::reconcile`](crate::capacity::CapacityLedger::reconcile)):
+    /// the blocks other hosts wrote are counted, those they deleted
+    /// forgotten, and the least valuable deleted until the books fit the
+    /// capacity. The ledger's lock is held while the listing is merged, not
+    /// while the store is listed. A listing that fails changes nothing.
+    pub(crate) async fn reconcile(
+        &self,
+        store: &dyn ObjectStore,
+        prefix: &ObjectPath,
+    ) -> Result<ReconcileReport, TierError> {
+        let started = Instant::now();
+        let listing = self.ledger.with(|ledger| ledger.begin_listing());
+        let found = match list_blocks(store, prefix, self.classify).await {
+            Ok(found) => found,
+            Err(error) => {
+                self.ledger.with(|ledger| ledger.abandon(listing));
+                return Err(error);
+            }
+        };
+        // guard: O8-a-reconcile-adopts-what-other-hosts-wrote
+        let done = self.ledger.with(|ledger| {
+            ledger.reconcile(
+                listing,
+                found.into_iter().map(|meta| (meta.location, meta.size)),
+            )
+        });
+        let evicted = delete_all(store, self.ledger.victims(done.victims), None).await as u64;
+        let report = ReconcileReport {
+            adopted: done.adopted,
+            forgotten: done.forgotten,
+            evicted,
+            swept: 0,
+            elapsed: started.elapsed(),
+        };
+        if report.adopted + report.forgotten + report.evicted > 0 {
+            tracing::debug!(
+                adopted = report.adopted,
+                forgotten = report.forgotten,
+                evicted = report.evicted,
+                %prefix,
+                "reconciled the budget with the bucket"
+            );
+        }
+        Ok(report)
+    }
+
+    #[cfg_attr(not(fs_tier), allow(dead_code))] // vLLM's transfers' lookups
+    /// Starts (or stops) logging which blocks came and went (see
+    /// [`CapacityLedger::record_changes`](crate::capacity::CapacityLedger::record_changes)).
+    pub(crate) fn record_changes(&self, on: bool) {
+        self.ledger.with(|ledger| ledger.record_changes(on));
+    }
+
+    /// Moves the changes logged since the last call into `into`, in order.
+    #[cfg_attr(not(fs_tier), allow(dead_code))]
+    pub(crate) fn take_changes(&self, into: &mut Vec<(ObjectPath, bool)>) {
+        self.ledger.with(|ledger| ledger.take_changes(into));
     }
 
     pub(crate) fn stats(&self) -> CapacityStats {
@@ -132,12 +202,13 @@ impl ObjectBudget {
 async fn list_blocks(
     store: &dyn ObjectStore,
     prefix: &ObjectPath,
+    classify: Classify,
 ) -> Result<Vec<ObjectMeta>, TierError> {
     let mut found = Vec::new();
     let mut listing = store.list(Some(prefix));
     while let Some(meta) = listing.next().await {
         let meta = meta.map_err(|error| super::objects::store_error("list", prefix, error))?;
-        if is_block_below(prefix, &meta.location) {
+        if is_block_below(prefix, &meta.location, classify) {
             found.push(meta);
         }
     }
@@ -147,7 +218,7 @@ async fn list_blocks(
 /// Whether `location` is a block the tier stores below `prefix`:
 /// `<prefix>/<xxx>/<yy>/<hex>.bin` as kvtier's layout names it, not any
 /// object whose name ends in `.bin`.
-fn is_block_below(prefix: &ObjectPath, location: &ObjectPath) -> bool {
+fn is_block_below(prefix: &ObjectPath, location: &ObjectPath, classify: Classify) -> bool {
     let Some(mut parts) = location.prefix_match(prefix) else {
         return false;
     };
@@ -157,16 +228,17 @@ fn is_block_below(prefix: &ObjectPath, location: &ObjectPath) -> bool {
         return false;
     };
     // guard: E35-the-object-scan-counts-only-the-layouts-blocks
-    kvtier_entry(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block
+    classify(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block
 }
 
 /// What `prefix` holds, read with one listing and nothing deleted.
 pub(crate) async fn usage(
     store: &dyn ObjectStore,
     prefix: &ObjectPath,
+    classify: Classify,
 ) -> Result<ScanReport, TierError> {
     let started = Instant::now();
-    let found = list_blocks(store, prefix).await?;
+    let found = list_blocks(store, prefix, classify).await?;
     Ok(ScanReport {
         blocks: found.len() as u64,
         bytes: found.iter().map(|meta| meta.size).sum(),

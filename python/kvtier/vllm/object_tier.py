@@ -79,6 +79,16 @@ class ObjectTier(NativeTier):
     ``lookup_timeout`` (seconds, default 2), ``shutdown_grace`` (seconds
     queued stores get at ``shutdown()``, default 2), ``request_timeout``,
     ``connect_timeout`` (default 2 s) and ``max_retries``.
+
+    ``capacity_bytes`` bounds the bytes of the rank prefix's blocks
+    (default ``None``: unbounded, as vLLM's obj tier), as ``FsTier``'s does
+    a directory's: listed at start (the newest that fit kept, older ones
+    deleted), every store makes room first (``eviction_policy``), loads
+    pin. Hosts sharing the prefix each keep their own books;
+    ``rescan_interval`` (seconds) reconciles them with a listing that often,
+    so the prefix stays within ``capacity_bytes`` plus what the other hosts
+    write in about one interval. Listings count and delete only the
+    layout's block objects.
     """
 
     def __init__(
@@ -101,6 +111,9 @@ class ObjectTier(NativeTier):
         request_timeout: Optional[float] = None,
         connect_timeout: Optional[float] = None,
         max_retries: Optional[int] = None,
+        capacity_bytes: Optional[int] = None,
+        eviction_policy: Optional[str] = None,
+        rescan_interval: Optional[float] = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         given = {
@@ -113,6 +126,10 @@ class ObjectTier(NativeTier):
             "request_timeout": request_timeout,
             "connect_timeout": connect_timeout,
             "max_retries": max_retries,
+            # guard: O12-the-object-tiers-budget-reaches-the-transfers
+            "capacity_bytes": capacity_bytes,
+            "eviction_policy": eviction_policy,
+            "rescan_interval": rescan_interval,
         }
         if io_threads is not None:
             given["io_threads"] = io_threads
@@ -142,7 +159,14 @@ class ObjectTier(NativeTier):
         )
         try:
             transfers = VllmTransfers.objects(
-                target, self.rank_prefix, primary_kv_view, load_threads=reads, store_threads=writes
+                target,
+                self.rank_prefix,
+                primary_kv_view,
+                load_threads=reads,
+                store_threads=writes,
+                capacity_bytes=settings.get("capacity_bytes"),
+                eviction_policy=settings.get("eviction_policy"),
+                rescan_interval=settings.get("rescan_interval"),
             )
         except BaseException:
             lookup.shutdown()
@@ -158,6 +182,19 @@ class ObjectTier(NativeTier):
             reads,
             writes,
         )
+        if settings.get("capacity_bytes") is not None:
+            report = transfers.scan_report()
+            logger.info(
+                "tier %r: %d bytes budget, %d blocks (%d bytes) listed, %d trimmed, in %.2f s; "
+                "reconciled with a listing every %s",
+                tier_type,
+                settings["capacity_bytes"],
+                report["blocks"],
+                report["bytes"],
+                report["trimmed"],
+                report["seconds"],
+                f"{settings['rescan_interval']} s" if settings.get("rescan_interval") else "never (rescan_interval)",
+            )
 
     def __repr__(self) -> str:
         return f"ObjectTier({self.tier_type!r}, {self._target!r}, {self.rank_prefix!r})"

@@ -29,7 +29,7 @@ use super::super::key::check_namespace;
 use super::super::objects::store_error;
 use super::super::s3::S3Options;
 use super::blocks::Stored;
-use super::layout::push_vllm_path;
+use super::layout::{block_key, push_vllm_path};
 use std::time::Duration;
 
 use crate::settings::{ObjectTarget, ReachFault, SettingError};
@@ -38,6 +38,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::task::{Semaphore, SemaphorePermit};
 use crate::tier::error::TierError;
 use crate::tier::format::Corruption;
+use crate::tier::object_budget::ObjectBudget;
 
 /// How many `HEAD` requests one lookup group keeps in flight.
 const HEADS_IN_FLIGHT: usize = 32;
@@ -155,6 +156,21 @@ impl VllmObjectLayout {
         Ok(ObjectPath::from(name.as_str()))
     }
 
+    /// The key whose block is stored at `location`, the inverse of
+    /// [`location_of`](Self::location_of): `None` for any other object.
+    pub fn key_of(&self, location: &ObjectPath) -> Option<Vec<u8>> {
+        let relative = location
+            .as_ref()
+            .strip_prefix(&self.rank_prefix)?
+            .strip_prefix('/')?;
+        let mut parts = relative.split('/');
+        let (fan_out, shard, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        block_key(fan_out, shard, name)
+    }
+
     /// Checks that the store answers, takes the credentials and has the
     /// bucket: lists the rank prefix (one request, at most one page). A
     /// `HEAD` alone cannot tell a missing bucket from a missing block.
@@ -222,34 +238,76 @@ impl VllmObjectLayout {
 
     /// Stores `block` under `key` unless an object of exactly its length is
     /// there already (anything else there is replaced). The object appears
-    /// whole or not at all.
-    pub(crate) async fn store_block(&self, key: &[u8], block: &[u8]) -> Result<Stored, TierError> {
+    /// whole or not at all. With a budget, the store gets room first
+    /// (evicting by the budget's policy) and the room is committed once
+    /// the object is written.
+    pub(crate) async fn store_block(
+        &self,
+        key: &[u8],
+        block: &[u8],
+        budget: Option<&ObjectBudget>,
+    ) -> Result<Stored, TierError> {
         let location = self.location_of(key)?;
+        // guard: O9-bucket-stores-get-room-before-they-write
+        let room = match budget {
+            None => None,
+            Some(budget) => match budget
+                .admit(&*self.store, &location, block.len() as u64)
+                .await?
+            {
+                // Resident, and its object still there.
+                None => return Ok(Stored::Present),
+                Some(room) => Some(room),
+            },
+        };
         let _permit = self.permit().await;
-        match self.store.head(&location).await {
-            // guard: O1-a-present-object-is-not-written-again
-            Ok(meta) if meta.size == block.len() as u64 => return Ok(Stored::Present),
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(error) => return Err(store_error("head", &location, error)),
+        if room.is_none() {
+            match self.store.head(&location).await {
+                // guard: O1-a-present-object-is-not-written-again
+                Ok(meta) if meta.size == block.len() as u64 => return Ok(Stored::Present),
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(store_error("head", &location, error)),
+            }
         }
         self.store
             .put(&location, block.to_vec().into())
             .await
             .map_err(|error| store_error("put", &location, error))?;
+        if let Some(room) = room {
+            room.commit();
+        }
         Ok(Stored::Written)
     }
 
     /// Loads the block named by `key` into `into`, which is exactly one
     /// block long, chunk by chunk as the object arrives. An object of
-    /// another length is refused and deleted (see the module docs).
-    pub(crate) async fn load_block(&self, key: &[u8], into: &mut [u8]) -> Result<(), TierError> {
+    /// another length is refused and deleted (see the module docs). With a
+    /// budget the block is pinned while it loads, and a block that failed
+    /// to load leaves the books.
+    pub(crate) async fn load_block(
+        &self,
+        key: &[u8],
+        into: &mut [u8],
+        budget: Option<&ObjectBudget>,
+    ) -> Result<(), TierError> {
         let location = self.location_of(key)?;
+        // guard: O10-bucket-loads-pin-their-blocks
+        let pin = budget.and_then(|budget| budget.pin(&location));
+        let loaded = self.load_object(&location, into).await;
+        if let (Err(_), Some(budget)) = (&loaded, budget) {
+            budget.lose(&location);
+        }
+        drop(pin);
+        loaded
+    }
+
+    async fn load_object(&self, location: &ObjectPath, into: &mut [u8]) -> Result<(), TierError> {
         let _permit = self.permit().await;
         let got = self
             .store
-            .get(&location)
+            .get(location)
             .await
-            .map_err(|error| store_error("get", &location, error))?;
+            .map_err(|error| store_error("get", location, error))?;
         let expected = into.len() as u64;
         let corrupt = |found| TierError::Corrupt {
             location: location.to_string(),
@@ -259,13 +317,13 @@ impl VllmObjectLayout {
         if got.meta.size != expected {
             let found = got.meta.size;
             drop(got);
-            self.delete_damaged(&location).await;
+            self.delete_damaged(location).await;
             return Err(corrupt(found));
         }
         let mut chunks = got.into_stream();
         let mut filled = 0usize;
         while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|error| store_error("get", &location, error))?;
+            let chunk = chunk.map_err(|error| store_error("get", location, error))?;
             let end = filled + chunk.len();
             // A server that sends more than it announced is damage too.
             let Some(slot) = into.get_mut(filled..end) else {
@@ -365,15 +423,15 @@ mod tests {
         runtime().block_on(async {
             assert!(!layout.contains(&key).await.unwrap());
             assert_eq!(
-                layout.store_block(&key, b"12345678").await.unwrap(),
+                layout.store_block(&key, b"12345678", None).await.unwrap(),
                 Stored::Written
             );
             assert_eq!(
-                layout.store_block(&key, b"xxxxxxxx").await.unwrap(),
+                layout.store_block(&key, b"xxxxxxxx", None).await.unwrap(),
                 Stored::Present
             );
             let mut block = [0u8; 8];
-            layout.load_block(&key, &mut block).await.unwrap();
+            layout.load_block(&key, &mut block, None).await.unwrap();
             assert_eq!(&block, b"12345678", "raw bytes, the first store kept");
             let raw = layout
                 .store
@@ -399,7 +457,7 @@ mod tests {
                 .await
                 .unwrap();
             let mut block = [0u8; 8];
-            let error = layout.load_block(&key, &mut block).await.unwrap_err();
+            let error = layout.load_block(&key, &mut block, None).await.unwrap_err();
             assert!(matches!(
                 error,
                 TierError::Corrupt {
@@ -417,7 +475,7 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(
-                layout.store_block(&key, b"12345678").await.unwrap(),
+                layout.store_block(&key, b"12345678", None).await.unwrap(),
                 Stored::Written,
                 "a wrong-sized object is replaced by a store"
             );
@@ -431,7 +489,7 @@ mod tests {
         let keys: Vec<Vec<u8>> = (0u8..40).map(|i| key(&[i, 7, 9], 0)).collect();
         runtime().block_on(async {
             for stored in keys.iter().step_by(3) {
-                layout.store_block(stored, b"x").await.unwrap();
+                layout.store_block(stored, b"x", None).await.unwrap();
             }
             let mut probe = keys.clone();
             probe.push(vec![1, 2]); // too short to hold a hash

@@ -9,7 +9,8 @@
 
 use std::path::PathBuf;
 
-use super::books::Changes;
+use super::books::{Books, Changes};
+use super::home::Home;
 use super::transfers::{FinishedTransfer, TransferKind, VllmTransfers};
 use crate::capacity::MAX_CHANGES;
 
@@ -20,7 +21,7 @@ impl VllmTransfers {
     pub fn record_changes(&mut self, on: bool) {
         self.changes = on.then(Changes::default);
         if let Some(budget) = &self.budget {
-            budget.dir.record_changes(on);
+            budget.books.record_changes(on);
         }
     }
 
@@ -38,16 +39,30 @@ impl VllmTransfers {
         let Some(budget) = &self.budget else {
             return changes.stored.drain(..).map(|key| (key, true)).collect();
         };
-        let mut paths: Vec<(PathBuf, bool)> = Vec::new();
-        budget.dir.take_changes(&mut paths);
-        // A budget is a directory's.
-        let Ok(layout) = self.home.dir() else {
-            return Vec::new();
-        };
-        paths
-            .into_iter()
-            .filter_map(|(path, present)| Some((layout.key_of(&path)?, present)))
-            .collect()
+        match (&budget.books, &self.home) {
+            (Books::Dir(dir), Home::Dir(layout)) => {
+                let mut paths: Vec<(PathBuf, bool)> = Vec::new();
+                dir.take_changes(&mut paths);
+                paths
+                    .into_iter()
+                    .filter_map(|(path, present)| Some((layout.key_of(&path)?, present)))
+                    .collect()
+            }
+            #[cfg(object_tier)]
+            (Books::Objects(objects), Home::Bucket(bucket)) => {
+                let mut locations = Vec::new();
+                objects.take_changes(&mut locations);
+                locations
+                    .into_iter()
+                    .filter_map(|(location, present)| {
+                        Some((bucket.layout.key_of(&location)?, present))
+                    })
+                    .collect()
+            }
+            // A budget is its home's kind.
+            #[allow(unreachable_patterns)]
+            _ => Vec::new(),
+        }
     }
 
     /// Records the blocks of the stores in `finished` (without a budget).

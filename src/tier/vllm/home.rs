@@ -11,6 +11,13 @@ use super::layout::VllmFsLayout;
 use crate::sync::Arc;
 use crate::tier::error::TierError;
 
+/// A bucket's budget, as the home's stores and loads take it.
+#[cfg(object_tier)]
+pub(super) type BucketBudget = crate::tier::object_budget::ObjectBudget;
+/// No bucket without the object store.
+#[cfg(not(object_tier))]
+pub(super) enum BucketBudget {}
+
 /// A rank directory or a rank prefix.
 #[derive(Clone, Debug)]
 pub(super) enum Home {
@@ -52,6 +59,18 @@ impl Bucket {
         })
     }
 
+    /// Starts `future` on the runtime (a reconcile loop); abort it with
+    /// the handle.
+    pub(super) fn spawn<F>(&self, future: F) -> tokio::task::AbortHandle
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match &self.runtime {
+            Some(runtime) => runtime.spawn(future).abort_handle(),
+            None => unreachable!("the runtime is taken only by drop"),
+        }
+    }
+
     /// Runs `future` to its end on the calling (I/O) thread.
     pub(super) fn run<F: std::future::Future>(&self, future: F) -> F::Output {
         match &self.runtime {
@@ -80,7 +99,7 @@ impl Home {
             Self::Dir(layout) => Ok(layout),
             #[cfg(object_tier)]
             Self::Bucket(_) => Err(TierError::Config(
-                "a byte budget for vLLM's transfers on an object store is not available yet".into(),
+                "the transfers keep their blocks in an object store, not in a directory".into(),
             )),
         }
     }
@@ -94,21 +113,34 @@ impl Home {
         }
     }
 
-    /// Stores one block (no budget).
-    pub(super) fn store(&self, key: &[u8], block: &[u8]) -> Result<Stored, TierError> {
+    /// Stores one block: a directory's without a budget (the transfers
+    /// keep a directory's budget), a bucket's with its budget if it has one.
+    #[cfg_attr(not(object_tier), allow(unused_variables))]
+    pub(super) fn store(
+        &self,
+        key: &[u8],
+        block: &[u8],
+        budget: Option<&BucketBudget>,
+    ) -> Result<Stored, TierError> {
         match self {
             Self::Dir(layout) => store_block(&layout.path_of(key)?, block),
             #[cfg(object_tier)]
-            Self::Bucket(bucket) => bucket.run(bucket.layout.store_block(key, block)),
+            Self::Bucket(bucket) => bucket.run(bucket.layout.store_block(key, block, budget)),
         }
     }
 
-    /// Loads one block (no budget).
-    pub(super) fn load(&self, key: &[u8], into: &mut [u8]) -> Result<(), TierError> {
+    /// Loads one block, as [`store`](Self::store) stores it.
+    #[cfg_attr(not(object_tier), allow(unused_variables))]
+    pub(super) fn load(
+        &self,
+        key: &[u8],
+        into: &mut [u8],
+        budget: Option<&BucketBudget>,
+    ) -> Result<(), TierError> {
         match self {
             Self::Dir(layout) => load_block(&layout.path_of(key)?, into),
             #[cfg(object_tier)]
-            Self::Bucket(bucket) => bucket.run(bucket.layout.load_block(key, into)),
+            Self::Bucket(bucket) => bucket.run(bucket.layout.load_block(key, into, budget)),
         }
     }
 }

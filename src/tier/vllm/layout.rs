@@ -135,7 +135,7 @@ impl VllmFsLayout {
 
 /// The key of the block vLLM stores at `<fan_out>/<shard>/<file>` below a
 /// rank directory; `None` for any other path.
-fn block_key(fan_out: &str, shard: &str, file: &str) -> Option<Vec<u8>> {
+pub(crate) fn block_key(fan_out: &str, shard: &str, file: &str) -> Option<Vec<u8>> {
     let hex = file.strip_suffix(".bin")?;
     let (_, group) = shard.rsplit_once("_g")?;
     let group: u32 = group.parse().ok()?;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::super::tree::{BlockLayout, sweep_temps};
 use super::blocks::{Stored, load_block, store_block};
-use super::books::{Budget, Changes};
+use super::books::{Books, Budget, Changes};
 #[cfg(object_tier)]
 use super::bucket::VllmObjectLayout;
 use super::home::Home;
@@ -28,7 +28,6 @@ use crate::save::{CompletionTask, SaveOutcome, TaskError};
 use crate::settings::MAX_IO_THREADS;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex};
-use crate::tier::budget::DirBudget;
 use crate::tier::error::TierError;
 use crate::tier::pool::IoPool;
 
@@ -447,7 +446,7 @@ impl VllmTransfers {
         let claim = region.claim(blocks, job.kind.access())?;
         let (task, completer) = CompletionTask::new(());
         let (home, job) = (self.home.clone(), job.clone());
-        let budget = self.budget.as_ref().map(|budget| budget.dir.clone());
+        let budget = self.budget.as_ref().map(|budget| budget.books.clone());
         pool.submit_to(
             job.kind.lane(),
             Box::new(move || {
@@ -538,7 +537,7 @@ impl VllmTransfers {
     pub fn shutdown(&mut self, grace: Duration) -> ShutdownReport {
         let mut report = ShutdownReport::default();
         if let Some(budget) = &mut self.budget {
-            budget.rescanner = None; // stopped and joined
+            budget.stop_reconciling();
         }
         if let Some(pool) = self.pool.take() {
             // guard: V5-shutdown-drops-queued-loads
@@ -595,12 +594,17 @@ impl fmt::Debug for VllmTransfers {
 /// gives the claim back when done.
 fn transfer(
     home: &Home,
-    budget: Option<&DirBudget>,
+    books: Option<&Books>,
     job: &Job,
     mut claim: Claim,
 ) -> Result<(), TierError> {
+    // A directory's budget is kept here; a bucket's, by the home.
+    let budget = books.and_then(Books::dir);
+    #[cfg(object_tier)]
+    let objects = books.and_then(Books::objects);
+    #[cfg(not(object_tier))]
+    let objects = None;
     for (i, key) in job.keys.iter().enumerate() {
-        // A budget is a directory's (`set_budget` refuses others).
         let budgeted = match (budget, home) {
             (Some(budget), Home::Dir(layout)) => Some((budget, layout.path_of(key)?)),
             _ => None,
@@ -609,7 +613,7 @@ fn transfer(
             // guard: E20-vllm-stores-get-room-before-they-write
             TransferKind::Store => match budgeted {
                 None => {
-                    if home.store(key, claim.block(i))? == Stored::Present {
+                    if home.store(key, claim.block(i), objects)? == Stored::Present {
                         job.progress.present.lock().push(i);
                     }
                 }
@@ -625,7 +629,7 @@ fn transfer(
                     unreachable!("V1: a load holds the write claim on its blocks");
                 };
                 let loaded = match budgeted {
-                    None => home.load(key, block),
+                    None => home.load(key, block, objects),
                     Some((budget, path)) => {
                         // guard: E21-vllm-loads-pin-their-blocks
                         let pin = budget.pin(&path);
