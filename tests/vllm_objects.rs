@@ -303,3 +303,51 @@ fn hosts_sharing_a_prefix_stay_within_one_budget_through_reconciles() {
         );
     }
 }
+
+#[test]
+fn stale_uploads_of_the_layouts_blocks_are_aborted_and_nothing_else() {
+    // Needs a server with multipart uploads and their listing: the
+    // external one (SeaweedFS or moto in CI); s3s-fs lists none.
+    let Ok(endpoint) = std::env::var("KVTIER_S3_ENDPOINT") else {
+        eprintln!("skipped: no KVTIER_S3_ENDPOINT (a server that lists multipart uploads)");
+        return;
+    };
+    let server = S3Server::shared_or_start();
+    assert_eq!(server.endpoint, endpoint);
+    let bucket = unique_bucket("vllm-uploads");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
+    let block = |n: u64| object_store::path::Path::from(vllm_name(n).as_str());
+    let foreign = object_store::path::Path::from(format!("{RANK}/notes/upload.txt").as_str());
+    runtime().block_on(async {
+        use object_store::multipart::MultipartStore;
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&bucket)
+            .with_endpoint(&server.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .with_region("us-east-1")
+            .build()
+            .unwrap();
+        // Two unfinished uploads: a block's and another object's.
+        s3.create_multipart(&block(1)).await.unwrap();
+        s3.create_multipart(&foreign).await.unwrap();
+        // Younger than a thousand years (moto dates every upload 2010).
+        let millennium = Duration::from_secs(1000 * 365 * 86_400);
+        let young = layout.abort_stale_uploads(millennium).await.unwrap();
+        assert_eq!(
+            (young.found, young.aborted),
+            (1, 0),
+            "a young upload is a live writer's"
+        );
+        let old = layout.abort_stale_uploads(Duration::ZERO).await.unwrap();
+        assert_eq!((old.found, old.aborted, old.failed), (1, 1, 0));
+        let again = layout.abort_stale_uploads(Duration::ZERO).await.unwrap();
+        assert_eq!(
+            again.found, 0,
+            "the block's upload is gone; the other stays"
+        );
+    });
+}

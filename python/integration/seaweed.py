@@ -201,6 +201,14 @@ class Seaweed:
         root = self._get_xml(bucket, {"uploads": "", "prefix": prefix})
         return [upload.findtext(f"{_S3}Key") for upload in root.iter(f"{_S3}Upload")]
 
+    def start_upload(self, bucket: str, key: str) -> str:
+        """Starts a multipart upload of ``key`` and leaves it unfinished (as
+        a writer killed mid-upload does); returns its id. Unsigned: needs
+        ``anonymous=True``."""
+        url = f"{self.endpoint}/{bucket}/{urllib.parse.quote(key)}?uploads"
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10) as answer:
+            return ElementTree.fromstring(answer.read()).findtext(f"{_S3}UploadId")
+
     def _get_xml(self, bucket: str, query: dict[str, str]):
         url = f"{self.endpoint}/{bucket}?{urllib.parse.urlencode(query)}"
         with urllib.request.urlopen(url, timeout=10) as answer:

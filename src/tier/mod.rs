@@ -82,6 +82,8 @@ pub use key::{BlockKey, check_namespace};
 pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
 pub use s3::S3Options;
+#[cfg(object_tier)]
+pub use s3::uploads::StaleUploads;
 pub use save::SaveTask;
 #[cfg(fs_tier)]
 pub use tree::{BlockLayout, KVTIER_TIER_MARK, check_tier_dir};

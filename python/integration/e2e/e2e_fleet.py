@@ -9,22 +9,33 @@ a real S3 server (SeaweedFS, ``seaweed.py``) through kvtier's
 - host B (vLLM's ``store_config`` and ``prefix``, explicit credentials)
   serves every prompt token from A's objects: 0 computed, the same tokens
   and logprobs as the run without offloading;
-- host C runs while the server is stopped for a few seconds between two
-  batches: during the outage its lookups turn to misses and its stores
-  fail (reported, counted), the prompts are computed with the same outputs;
-  once the server is back, the tier serves A's blocks again.
+- host D is SIGKILLed while its stores are in flight: no partial object
+  is visible (kvtier writes a block with one PUT); an unfinished multipart
+  upload of a block, as a killed multipart writer leaves, is planted;
+- host C aborts that stale upload at start, and runs while the server is
+  stopped for a few seconds between two batches: during the outage its
+  lookups turn to misses and its stores fail (reported, counted), the
+  prompts are computed with the same outputs; once the server is back, the
+  tier serves A's blocks again;
+- every host has the same byte budget (``capacity_bytes``, below what they
+  write together) and reconciles with a listing every second: the
+  bucket's bytes (listed objects) stay within it at every sample.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import random
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail
+from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail, wait_for_group
 
 sys.path.insert(0, str(HERE.parent))
 from seaweed import ACCESS_KEY, SECRET_KEY, Seaweed  # noqa: E402
@@ -39,10 +50,13 @@ OUTAGE_SECONDS = 4.0
 #: Request settings of every host: a stopped server costs a lookup group at
 #: most lookup_timeout, a job at most (retries + 1) x request_timeout.
 REQUESTS = {"request_timeout": 2.0, "connect_timeout": 1.0, "max_retries": 1, "lookup_timeout": 1.0}
+#: The fleet's budget: 128 blocks, where A stores 108 and D and C 36 each.
+CAPACITY = 128 * BLOCK_BYTES
+BUDGET = {"capacity_bytes": CAPACITY, "rescan_interval": 1.0}
 
 
 def url_form(server: Seaweed) -> dict:
-    return {"url": f"s3://{BUCKET}/{PREFIX}?endpoint={server.endpoint}", **REQUESTS}
+    return {"url": f"s3://{BUCKET}/{PREFIX}?endpoint={server.endpoint}", **REQUESTS, **BUDGET}
 
 
 def vllm_form(server: Seaweed) -> dict:
@@ -53,7 +67,7 @@ def vllm_form(server: Seaweed) -> dict:
         "secret_key": SECRET_KEY,
         "scheme": "http",
     }
-    return {"store_config": config, "prefix": PREFIX, **REQUESTS}
+    return {"store_config": config, "prefix": PREFIX, **REQUESTS, **BUDGET}
 
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
@@ -69,18 +83,60 @@ def tier_counts(name: str, log: str) -> dict:
     return {"loaded": loaded, "load_failed": load_failed, "stored": stored, "store_failed": store_failed}
 
 
+class Sampler:
+    """Samples the bucket's bytes (every object below the prefix) on a
+    thread while the hosts run; the largest sample is what the budget's
+    check reads."""
+
+    def __init__(self, server: Seaweed) -> None:
+        self.server, self.samples, self.largest = server, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                total = sum(self.server.list_objects(BUCKET, f"{PREFIX}/").values())
+            except OSError:
+                continue  # the server is stopped (the outage)
+            self.samples += 1
+            self.largest = max(self.largest, total)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run(h: "Harness") -> None:
     server_dir = h.work / "seaweed"
     shutil.rmtree(server_dir, ignore_errors=True)
-    with Seaweed(server_dir, buckets=[BUCKET], anonymous=True) as server:
+    with Seaweed(server_dir, buckets=[BUCKET], anonymous=True) as server, Sampler(server) as sampler:
         hosts(h, server)
+    check(
+        sampler.largest <= CAPACITY,
+        f"fleet budget: the bucket held {sampler.largest} bytes, over the budget of {CAPACITY}",
+    )
+    h.notes.append(
+        f"fleet budget: at most {sampler.largest} of {CAPACITY} bytes in the bucket over {sampler.samples} samples"
+    )
 
 
 def hosts(h: "Harness", server: Seaweed) -> None:
     blocks = PROMPTS * PROMPT_TOKENS // 32
 
     # Host A: computes and stores.
-    a = h.run("fleet-a", h.settings("object", h.work / "fleet-a", object=url_form(server), env=CREDENTIALS))
+    # One prompt at a time: its blocks are written in prompt order, so the
+    # budget's recency (last modified, at each host's start) ranks the
+    # prompts, and C's evictions take A's first prompts, not the first
+    # blocks of every prompt (which would cost every prompt its prefix).
+    a = h.run(
+        "fleet-a",
+        h.settings("object", h.work / "fleet-a", object=url_form(server), env=CREDENTIALS, max_num_seqs=1),
+    )
     h.same_outputs("fleet host A", a["outputs"])
     objects = server.list_objects(BUCKET, f"{PREFIX}/")
     check(len(objects) == blocks, f"fleet host A: {len(objects)} objects in the bucket, {blocks} blocks computed")
@@ -100,14 +156,61 @@ def hosts(h: "Harness", server: Seaweed) -> None:
         f"fleet: host A's generate() {a['seconds']:.2f} s computing and storing, "
         f"host B's {b['seconds']:.2f} s loading every block from the bucket"
     )
-    outage(h, server)
+    planted = killed(h, server)
+    outage(h, server, planted)
 
 
-def outage(h: "Harness", server: Seaweed) -> None:
-    """Host C: new prompts with the server up, A's prompts 0-1 with it
-    stopped, A's prompts 2-3 once it is back."""
-    rng = random.Random(42)
-    fresh = [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(2)]
+def fresh_prompts(seed: int) -> list:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(2)]
+
+
+def killed(h: "Harness", server: Seaweed) -> str:
+    """Host D: new prompts, its stores held 0.5 s each, killed (SIGKILL, its
+    process group) once one of them is in the bucket. Returns the key of
+    the unfinished upload planted afterwards."""
+    before = set(server.list_objects(BUCKET, f"{PREFIX}/"))
+    settings = h.settings(
+        "object", h.work / "fleet-d", object=vllm_form(server), store_delay=0.5, linger=300
+    )
+    settings["prompts"] = fresh_prompts(7)
+    process, run_dir = h.start("fleet-d-killed", settings)
+    deadline = time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:
+        if set(server.list_objects(BUCKET, f"{PREFIX}/")) - before:
+            break
+        time.sleep(0.05)
+    log = (run_dir / "engine.log").read_text()
+    check(process.poll() is None, f"fleet host D: it ended before any store landed\n{tail(log)}")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    wait_for_group(process.pid, timeout=120)
+    for left in glob.glob("/dev/shm/vllm_offload_*"):
+        os.unlink(left)  # a SIGKILL leaves the killed engine's region
+    objects = server.list_objects(BUCKET, f"{PREFIX}/")
+    added = set(objects) - before
+    check(len(added) < 36, f"fleet host D: all its {len(added)} stores landed before the kill")
+    partial = {key: size for key, size in objects.items() if size != BLOCK_BYTES}
+    check(not partial, f"fleet host D: partial objects visible after the kill: {partial}")
+    # What a multipart writer killed mid-upload leaves: an upload of a
+    # block's key that never completes.
+    sample = next(iter(added))
+    # A block name of the layout: its hash's first five hex digits are the
+    # directories'.
+    below, fan_out, shard, _ = sample.rsplit("/", 3)
+    digits = fan_out + shard.split("_g")[0]
+    planted = f"{below}/{fan_out}/{shard}/{digits}{'a' * (32 - len(digits))}.bin"
+    server.start_upload(BUCKET, planted)
+    check(server.list_uploads(BUCKET) == [planted], "fleet host D: the planted upload is not listed")
+    h.notes.append(f"fleet kill: host D killed with {len(added)} of 36 stores landed, no partial object")
+    return planted
+
+
+def outage(h: "Harness", server: Seaweed, planted: str) -> None:
+    """Host C: aborts the planted upload at start; new prompts with the
+    server up, A's prompts 0-1 with it stopped, A's prompts 4-5 (the newest
+    of A's, which the budget keeps longest) once it is back."""
+    fresh = fresh_prompts(42)
     pause = h.work / "runs" / "fleet-c-pause"
     shutil.rmtree(pause, ignore_errors=True)
     pause.mkdir(parents=True)
@@ -116,7 +219,9 @@ def outage(h: "Harness", server: Seaweed) -> None:
         h.work / "fleet-c",
         object=vllm_form(server),
         pause=str(pause),
-        then=[h.prompts[0:2], h.prompts[2:4]],
+        then=[h.prompts[0:2], h.prompts[4:6]],
+        # Alone on the bucket: every unfinished upload is a dead writer's.
+        tier_options={"stale_temp_age": 1.0},
     )
     settings["prompts"] = fresh
     process, run_dir = h.start("fleet-c-outage", settings)
@@ -150,14 +255,15 @@ def outage(h: "Harness", server: Seaweed) -> None:
     )
     h.same_outputs(
         "fleet host C, after the outage",
-        {str(int(k[2:]) + 2): v for k, v in outputs.items() if k.startswith("2.")},
-        only={2, 3},
+        {str(int(k[2:]) + 4): v for k, v in outputs.items() if k.startswith("2.")},
+        only={4, 5},
     )
+    check(not server.list_uploads(BUCKET), f"fleet host C: the stale upload {planted} was not aborted")
     m = c["metrics"]
     loaded = m.get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
     check(
         loaded == 2 * PROMPT_TOKENS,
-        f"fleet host C: {loaded} prompt tokens loaded; A's prompts 2-3 ({2 * PROMPT_TOKENS}) after the outage: {m}",
+        f"fleet host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the outage: {m}",
     )
     counts = tier_counts("fleet host C", c["log"])
     check(counts["store_failed"] > 0, f"fleet host C: no store failed during the outage: {counts}")
@@ -165,5 +271,5 @@ def outage(h: "Harness", server: Seaweed) -> None:
     h.notes.append(
         f"fleet outage: host C's batch ran {during:.1f} s with the server stopped; "
         f"{counts['store_failed']} block stores failed, {stored_after - stored_before} objects added afterwards; "
-        f"A's prompts 2-3 loaded once it was back"
+        f"A's prompts 4-5 loaded once it was back; the stale upload aborted at start"
     )

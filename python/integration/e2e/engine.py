@@ -60,8 +60,10 @@ def tier_config(settings: dict) -> dict:
     if settings["tier"] == "object":
         # kvtier's object tier: ``object`` holds its url, or vLLM's
         # store_config and prefix, and its request settings.
-        return {"type": "ObjectTier", "module_path": "kvtier.vllm", **settings["object"],
-                **settings.get("tier_options", {})}
+        tier = {"type": "ObjectTier", "module_path": "kvtier.vllm", **settings["object"]}
+        if settings.get("store_delay"):
+            tier.update(type="SlowStoreObjectTier", module_path="slow_tier", store_delay=settings["store_delay"])
+        return {**tier, **settings.get("tier_options", {})}
     tier = {"type": "fs", "root_dir": root} if settings["tier"] == "vllm" else {
         "type": "FsTier", "module_path": "kvtier.vllm", "root_dir": root}
     if settings.get("store_delay"):

@@ -17,7 +17,7 @@ import time
 
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
-from kvtier.vllm import FsTier
+from kvtier.vllm import FsTier, ObjectTier
 from kvtier.vllm.connector import StorageConnector
 
 
@@ -66,6 +66,10 @@ class SlowStoreFsTier(_SlowStores, FsTier):
 
 class SlowStoreVllmFsTier(_SlowStores, FileSystemTierManager):
     """vLLM's fs tier with slow stores."""
+
+
+class SlowStoreObjectTier(_SlowStores, ObjectTier):
+    """kvtier's ``ObjectTier`` with slow stores."""
 
 
 class SlowStorageConnector(StorageConnector):

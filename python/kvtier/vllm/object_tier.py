@@ -89,6 +89,11 @@ class ObjectTier(NativeTier):
     so the prefix stays within ``capacity_bytes`` plus what the other hosts
     write in about one interval. Listings count and delete only the
     layout's block objects.
+
+    ``stale_temp_age`` (seconds, default 600; ``None``: never): at start,
+    unfinished multipart uploads of the layout's blocks older than this
+    (writers that died mid-upload left them; kvtier writes each block with
+    one PUT and leaves none) are aborted in the background.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class ObjectTier(NativeTier):
         capacity_bytes: Optional[int] = None,
         eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
+        stale_temp_age: Optional[float] = 600.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         given = {
@@ -130,6 +136,7 @@ class ObjectTier(NativeTier):
             "capacity_bytes": capacity_bytes,
             "eviction_policy": eviction_policy,
             "rescan_interval": rescan_interval,
+            "stale_temp_age": stale_temp_age,
         }
         if io_threads is not None:
             given["io_threads"] = io_threads
@@ -171,6 +178,10 @@ class ObjectTier(NativeTier):
         except BaseException:
             lookup.shutdown()
             raise
+        if settings["stale_temp_age"] is not None:
+            # Unfinished multipart uploads of the layout's blocks that dead
+            # writers left, in the background.
+            transfers.sweep_stale_temps(settings["stale_temp_age"])
         self._target = target
         self._adopt(tier_type, lookup, transfers, reads + writes)
         logger.info(

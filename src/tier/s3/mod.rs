@@ -17,12 +17,17 @@ use super::key::check_namespace;
 use checks::{check_bucket, check_credential, check_region, has_credential_source, namespace_of};
 
 mod checks;
+pub(crate) mod uploads;
 
 pub(crate) use checks::check_endpoint;
 
 /// The longest request or connection timeout accepted: a day. Longer ones
 /// overflow the deadlines of the HTTP client.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The region of an endpoint given without one (S3-compatible servers
+/// accept any).
+const DEFAULT_REGION: &str = "us-east-1";
 
 /// The most retries accepted for one request.
 const MAX_RETRIES: usize = 100;
@@ -384,9 +389,8 @@ impl S3Options {
         Ok(())
     }
 
-    pub(super) fn build(&self) -> Result<object_store::aws::AmazonS3, TierError> {
-        self.validate()?;
-        let retries = self.max_retries as u32; // at most MAX_RETRIES
+    /// The HTTP client's options: timeouts, http allowed, the CA bundle.
+    pub(super) fn client_options(&self) -> Result<ClientOptions, TierError> {
         let mut client = ClientOptions::new()
             .with_timeout(self.request_timeout)
             .with_connect_timeout(self.connect_timeout)
@@ -396,6 +400,23 @@ impl S3Options {
                 client = client.with_root_certificate(certificate);
             }
         }
+        Ok(client)
+    }
+
+    /// The region requests are signed for: the one set, the environment's
+    /// (`AWS_REGION`, `AWS_DEFAULT_REGION`), else `us-east-1`.
+    pub(super) fn effective_region(&self) -> String {
+        self.region
+            .clone()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| DEFAULT_REGION.to_owned())
+    }
+
+    pub(super) fn build(&self) -> Result<object_store::aws::AmazonS3, TierError> {
+        self.validate()?;
+        let retries = self.max_retries as u32; // at most MAX_RETRIES
+        let client = self.client_options()?;
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_allow_http(self.allow_http)
@@ -427,7 +448,7 @@ impl S3Options {
         if let Some(region) = &self.region {
             builder = builder.with_region(region);
         } else if self.endpoint.is_some() {
-            builder = builder.with_region("us-east-1");
+            builder = builder.with_region(DEFAULT_REGION);
         }
         if let Some(region) = builder.get_config_value(&AmazonS3ConfigKey::Region) {
             check_region(&region).map_err(TierError::Config)?;

@@ -28,6 +28,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::super::key::check_namespace;
 use super::super::objects::store_error;
 use super::super::s3::S3Options;
+use super::super::s3::uploads::{StaleUploads, Uploads, abort_stale};
 use super::blocks::Stored;
 use super::layout::{block_key, push_vllm_path};
 use std::time::Duration;
@@ -73,6 +74,8 @@ pub struct VllmObjectLayout {
     rank_prefix: String,
     requests: Arc<Semaphore>,
     counters: Arc<Counters>,
+    /// Multipart uploads' requests (on S3 only).
+    uploads: Option<Arc<Uploads>>,
 }
 
 #[derive(Debug, Default)]
@@ -102,12 +105,48 @@ impl VllmObjectLayout {
             rank_prefix: ObjectPath::from(rank_prefix).as_ref().to_owned(),
             requests: Arc::new(Semaphore::new(DEFAULT_IN_FLIGHT)),
             counters: Arc::default(),
+            uploads: None,
         })
     }
 
     /// The layout below `rank_prefix` of the bucket `options` reach.
     pub fn s3(options: &S3Options, rank_prefix: &str) -> Result<Self, TierError> {
-        Self::new(Arc::new(options.build()?), rank_prefix)
+        let mut layout = Self::new(Arc::new(options.build()?), rank_prefix)?;
+        layout.uploads = Some(Arc::new(Uploads::new(options)?));
+        Ok(layout)
+    }
+
+    /// Aborts the unfinished multipart uploads of this layout's blocks that
+    /// began at least `older_than` ago (a writer that died mid-upload left
+    /// them; a live writer's is younger). Nothing to do off S3.
+    pub async fn abort_stale_uploads(
+        &self,
+        older_than: Duration,
+    ) -> Result<StaleUploads, TierError> {
+        let Some(uploads) = &self.uploads else {
+            return Ok(StaleUploads::default());
+        };
+        // The raw prefix: vLLM's obj tier's keys have an empty segment
+        // before the model's directory, which a listing below
+        // `<prefix>/<model…>` would miss, so everything below the prefix's
+        // first segment is listed and each key judged by its name.
+        let first = self.rank_prefix.split('/').next().unwrap_or_default();
+        abort_stale(uploads, first, older_than, |key| {
+            let Some(relative) = key
+                .strip_prefix(&self.rank_prefix)
+                .and_then(|rest| rest.strip_prefix('/'))
+            else {
+                return false;
+            };
+            let mut parts = relative.split('/');
+            match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some(fan_out), Some(shard), Some(name), None) => {
+                    block_key(fan_out, shard, name).is_some()
+                }
+                _ => false,
+            }
+        })
+        .await
     }
 
     /// The layout in memory (for tests and examples).

@@ -319,10 +319,32 @@ impl VllmTransfers {
     /// runs on an I/O thread, behind the stores queued before it, so a
     /// start against a large directory does not wait for it; a shutdown
     /// treats it as a queued store. [`swept`](Self::swept) counts what it
-    /// removed.
+    /// removed. On an object store it aborts the unfinished multipart
+    /// uploads of the layout's blocks that began at least `older_than` ago
+    /// instead (on the bucket's runtime, in the background).
     pub fn sweep_stale_temps(&self, older_than: Duration) {
-        let (Some(pool), Home::Dir(layout)) = (&self.pool, &self.home) else {
-            return; // an object store has no temporary files
+        let Some(pool) = &self.pool else { return };
+        let layout = match &self.home {
+            Home::Dir(layout) => layout,
+            #[cfg(object_tier)]
+            Home::Bucket(bucket) => {
+                let (layout, swept) = (bucket.layout.clone(), self.swept.clone());
+                // guard: O16-a-start-aborts-stale-uploads
+                bucket.spawn(async move {
+                    match layout.abort_stale_uploads(older_than).await {
+                        Ok(report) => {
+                            if report.aborted > 0 {
+                                tracing::info!(aborted = report.aborted, prefix = layout.rank_prefix(), "aborted stale multipart uploads");
+                            }
+                            swept.fetch_add(report.aborted as usize, Ordering::Relaxed);
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, prefix = layout.rank_prefix(), "cannot list the multipart uploads");
+                        }
+                    }
+                });
+                return;
+            }
         };
         let (rank_dir, swept) = (layout.rank_dir().to_path_buf(), self.swept.clone());
         pool.submit_to(
@@ -337,7 +359,8 @@ impl VllmTransfers {
         );
     }
 
-    /// Temporary files the sweeps removed so far.
+    /// Temporary files the sweeps removed so far (on an object store:
+    /// stale multipart uploads aborted).
     pub fn swept(&self) -> usize {
         self.swept.load(Ordering::Relaxed)
     }
