@@ -83,7 +83,7 @@ pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 #[cfg(object_tier)]
-pub use s3::uploads::StaleUploads;
+pub use s3::uploads::{StaleUploads, Upload, UploadPage, parse_upload_page};
 pub use save::SaveTask;
 #[cfg(fs_tier)]
 pub use tree::{BlockLayout, KVTIER_TIER_MARK, check_tier_dir};

@@ -42,11 +42,13 @@ pub struct Upload {
 
 /// One page of a `ListMultipartUploads` answer.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct UploadPage {
-    pub(crate) uploads: Vec<Upload>,
+#[non_exhaustive]
+pub struct UploadPage {
+    /// The page's uploads, in the server's order.
+    pub uploads: Vec<Upload>,
     /// Where the next page starts (key marker, upload id marker), when the
     /// answer is truncated.
-    pub(crate) next: Option<(String, String)>,
+    pub next: Option<(String, String)>,
 }
 
 /// The most pages one listing reads: a million uploads. A server that
@@ -112,7 +114,7 @@ impl Uploads {
                 query.push(("upload-id-marker", id.clone()));
             }
             let body = self.send("GET", "", &query).await?;
-            let page = parse_uploads(&body)
+            let page = parse_upload_page(&body)
                 .map_err(|reason| self.error("list uploads", prefix, reason))?;
             uploads.extend(page.uploads);
             // guard: O13-a-listing-of-uploads-ends
@@ -262,10 +264,24 @@ pub struct StaleUploads {
     pub failed: u64,
 }
 
-/// Parses one `ListMultipartUploadsResult` page. Element names are matched
-/// without their namespace; entities and character references are resolved;
-/// anything else is an error that says what was wrong.
-pub(crate) fn parse_uploads(xml: &[u8]) -> Result<UploadPage, String> {
+/// Parses one `ListMultipartUploadsResult` page (a server's answer, so
+/// untrusted: never a panic, nesting at most 16 deep). Element names are
+/// matched without their namespace; entities and character references are
+/// resolved; anything else is an error that says what was wrong.
+///
+/// ```
+/// use kvtier::tier::parse_upload_page;
+///
+/// let page = parse_upload_page(
+///     b"<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>\
+///       <Upload><Key>kv/a&amp;b.bin</Key><UploadId>7</UploadId></Upload>\
+///       </ListMultipartUploadsResult>",
+/// )?;
+/// assert_eq!((page.uploads[0].key.as_str(), page.next), ("kv/a&b.bin", None));
+/// assert!(parse_upload_page(b"<Error><Code>AccessDenied</Code></Error>").is_err());
+/// # Ok::<(), String>(())
+/// ```
+pub fn parse_upload_page(xml: &[u8]) -> Result<UploadPage, String> {
     let mut reader = Reader::from_reader(xml);
     let mut buf = Vec::new();
     let mut path: Vec<Vec<u8>> = Vec::new();
@@ -395,7 +411,7 @@ mod tests {
 
     #[test]
     fn a_page_parses_with_entities_markers_and_missing_times() {
-        let page = parse_uploads(PAGE.as_bytes()).unwrap();
+        let page = parse_upload_page(PAGE.as_bytes()).unwrap();
         assert_eq!(page.uploads.len(), 2);
         assert_eq!(page.uploads[0].key, "fleet/m_r0/abc/de_g0/abc&def.bin");
         assert!(page.uploads[0].initiated.is_some());
@@ -417,7 +433,7 @@ mod tests {
             "<ListMultipartUploadsResult>&nope;</ListMultipartUploadsResult>",
             &format!("<ListMultipartUploadsResult>{}", "<a>".repeat(20)),
         ] {
-            assert!(parse_uploads(bad.as_bytes()).is_err(), "{bad:?}");
+            assert!(parse_upload_page(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }
 }
