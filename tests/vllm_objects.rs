@@ -306,14 +306,9 @@ fn hosts_sharing_a_prefix_stay_within_one_budget_through_reconciles() {
 
 #[test]
 fn stale_uploads_of_the_layouts_blocks_are_aborted_and_nothing_else() {
-    // Needs a server with multipart uploads and their listing: the
-    // external one (SeaweedFS or moto in CI); s3s-fs lists none.
-    let Ok(endpoint) = std::env::var("KVTIER_S3_ENDPOINT") else {
-        eprintln!("skipped: no KVTIER_S3_ENDPOINT (a server that lists multipart uploads)");
+    let Some(server) = S3Server::with_upload_listing() else {
         return;
     };
-    let server = S3Server::shared_or_start();
-    assert_eq!(server.endpoint, endpoint);
     let bucket = unique_bucket("vllm-uploads");
     server.create_bucket(&bucket);
     let options = options(&server, &bucket);
@@ -350,4 +345,77 @@ fn stale_uploads_of_the_layouts_blocks_are_aborted_and_nothing_else() {
             "the block's upload is gone; the other stays"
         );
     });
+}
+
+#[test]
+fn a_rescan_interval_reconciles_the_bucket_on_its_own() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-objects");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    let (mut a, mut b) = (host(&options, 4), host(&options, 4));
+    let every = budget(3)
+        .with_rescan_interval(Some(Duration::from_millis(50)))
+        .unwrap();
+    a.set_budget(every).unwrap();
+    b.set_budget(budget(3)).unwrap();
+    for i in 0..3 {
+        b.region()
+            .unwrap()
+            .write_block(i, &pattern(i as u8))
+            .unwrap();
+    }
+    assert!(run(&mut b, TransferKind::Store, 1, &[1, 2, 3], &[0, 1, 2]).succeeded());
+    a.region().unwrap().write_block(0, &pattern(9)).unwrap();
+    assert!(run(&mut a, TransferKind::Store, 1, &[9], &[0]).succeeded());
+    // A's own task counts B's three and deletes one to fit three.
+    let mut waited = 0;
+    while listed(&options).len() > 3 {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+        assert!(
+            waited < 500,
+            "no reconcile brought the prefix back within the budget"
+        );
+    }
+    let stats = a.capacity_stats().unwrap();
+    assert!(stats.reconciles > 0 && stats.adopted >= 2, "{stats:?}");
+    a.shutdown(Duration::ZERO);
+}
+
+#[test]
+fn a_start_on_a_bucket_aborts_its_stale_uploads() {
+    let Some(server) = S3Server::with_upload_listing() else {
+        return;
+    };
+    let bucket = unique_bucket("vllm-uploads");
+    server.create_bucket(&bucket);
+    let options = options(&server, &bucket);
+    runtime().block_on(async {
+        use object_store::multipart::MultipartStore;
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&bucket)
+            .with_endpoint(&server.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .with_region("us-east-1")
+            .build()
+            .unwrap();
+        let block = object_store::path::Path::from(vllm_name(5).as_str());
+        s3.create_multipart(&block).await.unwrap();
+    });
+    let transfers = host(&options, 2);
+    transfers.sweep_stale_temps(Duration::ZERO);
+    let mut waited = 0;
+    while transfers.swept() == 0 {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+        assert!(waited < 500, "the stale upload was not aborted");
+    }
+    let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
+    let left = runtime()
+        .block_on(layout.abort_stale_uploads(Duration::ZERO))
+        .unwrap();
+    assert_eq!(left.found, 0, "nothing left to abort");
 }

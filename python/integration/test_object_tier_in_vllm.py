@@ -287,3 +287,23 @@ def test_capacity_bytes_bounds_the_prefix_and_reconciles_count_the_other_hosts(s
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_a_stale_upload_of_a_block_is_aborted_at_start_and_others_stay(server, memory):
+    spec = offloading_spec()
+    first = object_tier(server, memory, "uploads", spec)
+    rank_prefix = first.rank_prefix
+    first.shutdown()
+    block = f"{rank_prefix}/abc/de_g0/abcde{'0' * 27}.bin"
+    other = f"{rank_prefix}/notes/upload.txt"
+    server.start_upload(BUCKET, block)
+    server.start_upload(BUCKET, other)
+    assert sorted(server.list_uploads(BUCKET, rank_prefix)) == sorted([block, other])
+    tier = object_tier(server, memory, "uploads", spec, stale_temp_age=0.0)
+    try:
+        deadline = time.monotonic() + 20
+        while block in server.list_uploads(BUCKET, rank_prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.list_uploads(BUCKET, rank_prefix) == [other]
+    finally:
+        tier.shutdown()

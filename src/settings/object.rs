@@ -437,6 +437,35 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_first_request_is_told_by_its_s3_code() {
+        let answer = |text: &str| std::io::Error::other(text.to_owned());
+        for (text, fault) in [
+            (
+                "403 Forbidden: <Code>SignatureDoesNotMatch</Code>",
+                ReachFault::Credentials,
+            ),
+            (
+                "403 Forbidden: <Code>InvalidAccessKeyId</Code>",
+                ReachFault::Credentials,
+            ),
+            (
+                "no credentials found (looked in S3Options...)",
+                ReachFault::Credentials,
+            ),
+            (
+                "404 Not Found: <Code>NoSuchBucket</Code>",
+                ReachFault::Bucket,
+            ),
+            (
+                "error sending request: connection refused",
+                ReachFault::Endpoint,
+            ),
+        ] {
+            assert_eq!(ReachFault::of(&answer(text)), fault, "{text}");
+        }
+    }
+
+    #[test]
     fn timeouts_and_retries_have_ranges() {
         let target = config(&[("bucket", "kvb")]).unwrap();
         assert!(

@@ -29,6 +29,9 @@ pub struct S3Server {
 enum Kind {
     /// `KVTIER_S3_ENDPOINT`: a server someone else runs (moto in CI).
     External,
+    /// SeaweedFS started for one test by python/integration/seaweed.py,
+    /// its data in `dir`; stopped when dropped.
+    Seaweed { dir: tempfile::TempDir },
     /// s3s on a thread of this process, serving `root`.
     InProcess {
         root: tempfile::TempDir,
@@ -47,6 +50,44 @@ impl S3Server {
             },
             Err(_) => S3Server::start(),
         }
+    }
+
+    /// A server with multipart uploads and their listing (which the
+    /// in-process s3s server lacks): `KVTIER_S3_ENDPOINT`'s, or a SeaweedFS
+    /// of this test's own when its `weed` binary is installed
+    /// (`KVTIER_WEED`, or target/seaweed-venv, which `.ci/run` and the
+    /// Python fixtures install). `None`, with the reason printed, when
+    /// there is neither: `cargo test` needs nothing but cargo.
+    pub fn with_upload_listing() -> Option<S3Server> {
+        if std::env::var_os("KVTIER_S3_ENDPOINT").is_some() {
+            return Some(S3Server::shared_or_start());
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let installed = std::env::var_os("KVTIER_WEED").is_some()
+            || root.join("target/seaweed-venv/bin/weed").exists();
+        if !installed {
+            eprintln!(
+                "skipped: no KVTIER_S3_ENDPOINT and no weed binary (a server that lists multipart uploads)"
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let started = std::process::Command::new("python3")
+            .arg(root.join("python/integration/seaweed.py"))
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("python3 runs seaweed.py");
+        assert!(
+            started.status.success(),
+            "seaweed.py start: {}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+        let endpoint = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+        Some(S3Server {
+            endpoint,
+            kind: Kind::Seaweed { dir },
+        })
     }
 
     /// A fresh in-process server on a free loopback port, ready to answer.
@@ -105,7 +146,7 @@ impl S3Server {
             Kind::InProcess { root, .. } => {
                 std::fs::create_dir(root.path().join(bucket)).unwrap();
             }
-            Kind::External => {
+            Kind::External | Kind::Seaweed { .. } => {
                 let address = self.endpoint.trim_start_matches("http://");
                 let mut stream = TcpStream::connect(address).expect("connect to the S3 server");
                 write!(
@@ -140,8 +181,18 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        if let Kind::InProcess { .. } = self.kind {
-            self.stop();
+        match &self.kind {
+            Kind::InProcess { .. } => self.stop(),
+            Kind::Seaweed { dir } => {
+                let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("python/integration/seaweed.py");
+                let _ = std::process::Command::new("python3")
+                    .arg(script)
+                    .arg("stop")
+                    .arg(dir.path())
+                    .status();
+            }
+            Kind::External => {}
         }
     }
 }

@@ -222,7 +222,7 @@ MUTATIONS = [
     Mutation(
         "E35-the-object-scan-counts-only-the-layouts-blocks",
         "the object tier's scan counts (and trims) every object below its prefix whose name ends in .bin",
-        [("    kvtier_entry(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block",
+        [("    classify(fan_out.as_ref(), shard.as_ref(), name.as_ref()) == Entry::Block",
           "    name.as_ref().ends_with(\".bin\") || fan_out.as_ref().is_empty() || shard.as_ref().is_empty()")],
         TEST + ["-p", "kvtier", "--features", "object-store", "--test", "object_capacity", "the_scan_counts_and_deletes_only"],
     ),

@@ -117,7 +117,6 @@ impl Uploads {
             let page = parse_upload_page(&body)
                 .map_err(|reason| self.error("list uploads", prefix, reason))?;
             uploads.extend(page.uploads);
-            // guard: O13-a-listing-of-uploads-ends
             match page.next {
                 Some(markers) if next.as_ref() != Some(&markers) => next = Some(markers),
                 _ => return Ok(uploads),
@@ -221,27 +220,14 @@ pub(crate) async fn abort_stale(
     older_than: Duration,
     is_block: impl Fn(&str) -> bool,
 ) -> Result<StaleUploads, TierError> {
-    let now = SystemTime::now();
-    let mut report = StaleUploads::default();
-    for upload in uploads.list(prefix).await? {
-        let normalised: Vec<&str> = upload
-            .key
-            .split('/')
-            .filter(|part| !part.is_empty())
-            .collect();
-        // guard: O14-only-the-layouts-stale-uploads-are-aborted
-        let stale = upload
-            .initiated
-            .and_then(|initiated| now.duration_since(initiated).ok())
-            .is_some_and(|age| age >= older_than);
-        if !is_block(&normalised.join("/")) {
-            continue;
-        }
-        report.found += 1;
-        if !stale {
-            continue;
-        }
-        match uploads.abort(&upload).await {
+    let listed = uploads.list(prefix).await?;
+    let (found, stale) = stale_blocks(&listed, SystemTime::now(), older_than, is_block);
+    let mut report = StaleUploads {
+        found,
+        ..StaleUploads::default()
+    };
+    for upload in stale {
+        match uploads.abort(upload).await {
             Ok(()) => report.aborted += 1,
             Err(error) => {
                 tracing::warn!(key = %upload.key, %error, "cannot abort a stale multipart upload");
@@ -250,6 +236,38 @@ pub(crate) async fn abort_stale(
         }
     }
     Ok(report)
+}
+
+/// Of `listed`, how many are uploads of blocks (`is_block` of the key with
+/// empty segments dropped), and those of them that began at least
+/// `older_than` before `now` (an upload whose start is unknown is not).
+fn stale_blocks<'a>(
+    listed: &'a [Upload],
+    now: SystemTime,
+    older_than: Duration,
+    is_block: impl Fn(&str) -> bool,
+) -> (u64, Vec<&'a Upload>) {
+    let mut found = 0;
+    let mut stale = Vec::new();
+    for upload in listed {
+        let normalised: Vec<&str> = upload
+            .key
+            .split('/')
+            .filter(|part| !part.is_empty())
+            .collect();
+        // guard: O14-only-the-layouts-stale-uploads-are-aborted
+        if !is_block(&normalised.join("/")) {
+            continue;
+        }
+        found += 1;
+        let age = upload
+            .initiated
+            .and_then(|initiated| now.duration_since(initiated).ok());
+        if age.is_some_and(|age| age >= older_than) {
+            stale.push(upload);
+        }
+    }
+    (found, stale)
 }
 
 /// What [`abort_stale`] found and did.
@@ -311,7 +329,6 @@ pub fn parse_upload_page(xml: &[u8]) -> Result<UploadPage, String> {
                 }
                 path.push(name);
                 text.clear();
-                // guard: O15-the-upload-parser-bounds-its-depth
                 if path.len() > 16 {
                     return Err("elements nested deeper than 16".into());
                 }
@@ -421,6 +438,27 @@ mod tests {
             page.next,
             Some(("fleet//m_r0/abc/de_g0/abcdef.bin".into(), "id-2".into()))
         );
+    }
+
+    #[test]
+    fn only_old_uploads_of_blocks_are_stale() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let upload = |key: &str, age: Option<u64>| Upload {
+            key: key.into(),
+            upload_id: "id".into(),
+            initiated: age.map(|age| now - Duration::from_secs(age)),
+        };
+        let listed = [
+            upload("p//m_r0/abc/de_g0/abcde1.bin", Some(700)), // vLLM's key: a block
+            upload("p/m_r0/abc/de_g0/abcde2.bin", Some(100)),  // a block, young
+            upload("p/m_r0/notes.txt", Some(700)),             // not a block
+            upload("p/m_r0/abc/de_g0/abcde3.bin", None),       // start unknown
+        ];
+        let is_block = |key: &str| key.ends_with(".bin") && key.starts_with("p/m_r0/");
+        let (found, stale) = stale_blocks(&listed, now, Duration::from_secs(600), is_block);
+        assert_eq!(found, 3);
+        let stale: Vec<&str> = stale.iter().map(|upload| upload.key.as_str()).collect();
+        assert_eq!(stale, ["p//m_r0/abc/de_g0/abcde1.bin"]);
     }
 
     #[test]

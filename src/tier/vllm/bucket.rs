@@ -330,7 +330,6 @@ impl VllmObjectLayout {
         budget: Option<&ObjectBudget>,
     ) -> Result<(), TierError> {
         let location = self.location_of(key)?;
-        // guard: O10-bucket-loads-pin-their-blocks
         let pin = budget.and_then(|budget| budget.pin(&location));
         let loaded = self.load_object(&location, into).await;
         if let (Err(_), Some(budget)) = (&loaded, budget) {

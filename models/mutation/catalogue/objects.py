@@ -1,0 +1,97 @@
+"""Issue 42's mutations, appended after issue 41's so that the CI sample
+(every SAMPLE_EVERY-th of the registry) keeps its members: vLLM's layout
+in an object store (src/tier/vllm/bucket.rs), the object store's settings
+(src/settings/object.rs, python/src/door.rs), the budget across hosts
+(src/tier/object_budget.rs, src/tier/vllm/budgeted.rs), stale multipart
+uploads (src/tier/s3/uploads.rs) and kvtier.vllm.ObjectTier."""
+
+from ..defs import TEST, Mutation, in_vllm, pytest
+
+MUTATIONS = [
+    Mutation(
+        "O1-a-present-object-is-not-written-again",
+        "a store writes a block another host stored already: a second PUT of every shared block",
+        [("                Ok(meta) if meta.size == block.len() as u64 => return Ok(Stored::Present),",
+          "                Ok(meta) if false && meta.size == block.len() as u64 => return Ok(Stored::Present),")],
+        TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_block_already_there_is_not_written_again"],
+    ),
+    Mutation(
+        "O2-a-load-refuses-an-object-of-another-length",
+        "an object of another length than a block is loaded as far as it goes and stays in the bucket",
+        [("        if got.meta.size != expected {", "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "tier::vllm::bucket::tests::an_object_of_another_length"],
+    ),
+    Mutation(
+        "O3-a-bad-key-misses-alone",
+        "a key that names no block is sent to the store as a HEAD of another object",
+        [("                let location = self.location_of(keys[i].as_ref()).ok();",
+          "                let location = Some(self.location_of(keys[i].as_ref()).unwrap_or_else(|_| ObjectPath::from(\"x\")));")],
+        TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_block_one_host_stores_is_vllms_raw_object"],
+    ),
+    Mutation(
+        "O4-store-config-keys-are-vllms",
+        "an unknown store_config key (a typo of access_key) is ignored: the tier runs on other credentials",
+        [("            let Some(slot) = KEYS.iter().position(|known| *known == key) else {",
+          "            let Some(slot) = KEYS.iter().position(|known| *known == key) else { continue };\n            if false {")],
+        TEST + ["-p", "kvtier", "--lib", "settings::object::tests::bad_entries_are_named"],
+    ),
+    Mutation(
+        "O5-the-object-store-settings-pass-the-door",
+        "check_settings lets url and store_config through unchecked and builds no target",
+        [("    if let Some(target) = target_of(spelling, values)? {",
+          "    if let Some(target) = None::<kvtier::settings::ObjectTarget> {")],
+        pytest("tests/test_object_settings.py"),
+    ),
+    Mutation(
+        "O6-a-bad-store-is-refused-at-start",
+        "ObjectTier starts on wrong credentials or a missing bucket; every lookup and job fails later",
+        [("        target.check_reachable(self.rank_prefix)\n", "")],
+        in_vllm("own", "test_object_tier_in_vllm.py", "test_a_bad_store_is_an_error_at_start"),
+    ),
+    Mutation(
+        "O7-a-refused-first-request-names-its-setting",
+        "refused credentials are reported as an endpoint that does not answer",
+        [("        if CREDENTIAL_CODES.iter().any(|code| text.contains(code)) {", "        if false {")],
+        TEST + ["-p", "kvtier", "--lib", "settings::object::tests::a_refused_first_request"],
+    ),
+    Mutation(
+        "O8-a-reconcile-adopts-what-other-hosts-wrote",
+        "a reconcile merges an empty listing: other hosts' blocks are never counted, the prefix grows past the budget",
+        [("                found.into_iter().map(|meta| (meta.location, meta.size)),",
+          "                Vec::<(ObjectPath, u64)>::new(),")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "hosts_sharing_a_prefix"],
+    ),
+    Mutation(
+        "O9-bucket-stores-get-room-before-they-write",
+        "vLLM's stores on a bucket write without asking the budget: the prefix grows past capacity_bytes",
+        [("        let room = match budget {", "        let room = match None::<&ObjectBudget> {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_budget_bounds_the_rank_prefix"],
+    ),
+    Mutation(
+        "O11-the-rescan-interval-reconciles-the-bucket",
+        "rescan_interval starts no reconcile: each host keeps its own books and the prefix holds several budgets",
+        [("        let reconciler = config.rescan_interval().map(|interval| {",
+          "        let reconciler = None::<std::time::Duration>.map(|interval| {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_rescan_interval_reconciles"],
+    ),
+    Mutation(
+        "O12-the-object-tiers-budget-reaches-the-transfers",
+        "kvtier.vllm.ObjectTier takes capacity_bytes and drops it: the prefix is unbounded",
+        [("            \"capacity_bytes\": capacity_bytes,\n            \"eviction_policy\": eviction_policy,\n            \"rescan_interval\": rescan_interval,\n            \"stale_temp_age\"",
+          "            \"stale_temp_age\"")],
+        in_vllm("own", "test_object_tier_in_vllm.py", "test_capacity_bytes_bounds_the_prefix"),
+    ),
+    Mutation(
+        "O14-only-the-layouts-stale-uploads-are-aborted",
+        "every stale upload below the prefix is aborted, another writer's objects' too",
+        [("        if !is_block(&normalised.join(\"/\")) {", "        if false && !is_block(&normalised.join(\"/\")) {")],
+        TEST + ["-p", "kvtier", "--lib", "tier::s3::uploads::tests::only_old_uploads_of_blocks_are_stale"],
+    ),
+    Mutation(
+        "O16-a-start-aborts-stale-uploads",
+        "a start on a bucket aborts no stale upload: a killed writer's parts stay, unlisted and billed",
+        [("                    match layout.abort_stale_uploads(older_than).await {",
+          "                    match Ok::<_, TierError>(crate::tier::StaleUploads::default()) {")],
+        TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_start_on_a_bucket_aborts"],
+    ),
+]
