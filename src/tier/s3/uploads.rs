@@ -241,12 +241,12 @@ pub(crate) async fn abort_stale(
 /// Of `listed`, how many are uploads of blocks (`is_block` of the key with
 /// empty segments dropped), and those of them that began at least
 /// `older_than` before `now` (an upload whose start is unknown is not).
-fn stale_blocks<'a>(
-    listed: &'a [Upload],
+fn stale_blocks(
+    listed: &[Upload],
     now: SystemTime,
     older_than: Duration,
     is_block: impl Fn(&str) -> bool,
-) -> (u64, Vec<&'a Upload>) {
+) -> (u64, Vec<&Upload>) {
     let mut found = 0;
     let mut stale = Vec::new();
     for upload in listed {
