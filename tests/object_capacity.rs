@@ -462,3 +462,55 @@ fn a_rescan_interval_reconciles_on_its_own_until_the_tier_is_dropped() {
         drop(a);
     });
 }
+
+#[test]
+fn a_budgets_start_aborts_the_stale_uploads_of_its_blocks() {
+    let Some(server) = S3Server::with_upload_listing() else {
+        return;
+    };
+    let bucket = unique_bucket("object-uploads");
+    server.create_bucket(&bucket);
+    let options = S3Options::new(&bucket)
+        .endpoint(server.endpoint.clone())
+        .allow_http(true)
+        .credentials("testing", "testing")
+        .region("us-east-1");
+    runtime().block_on(async {
+        use object_store::multipart::MultipartStore;
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&bucket)
+            .with_endpoint(&server.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .with_region("us-east-1")
+            .build()
+            .unwrap();
+        let tier = ObjectTier::s3(&options, "ns").unwrap();
+        // One upload of a block's name, one of another object's.
+        s3.create_multipart(&tier.location_of(&7u64)).await.unwrap();
+        s3.create_multipart(&ObjectPath::from("ns/notes.txt"))
+            .await
+            .unwrap();
+        let budget = BudgetConfig::new(10 * BLOCK)
+            .unwrap()
+            .with_stale_temp_age(Some(std::time::Duration::ZERO))
+            .unwrap();
+        let tier = tier.with_budget(budget).await.unwrap();
+        let left = tier
+            .abort_stale_uploads(std::time::Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(left.found, 0, "the block's upload was aborted at start");
+        // Off S3 there is nothing to do.
+        let memory = ObjectTier::memory("ns").unwrap();
+        assert_eq!(
+            memory
+                .abort_stale_uploads(std::time::Duration::ZERO)
+                .await
+                .unwrap()
+                .found,
+            0
+        );
+    });
+}

@@ -6,13 +6,14 @@
 //! panic.
 #![cfg(all(feature = "object-store", not(any(kvtier_loom, kvtier_shuttle))))]
 
-mod common;
+#[path = "common/upload_page_fuzz.rs"]
+mod upload_page_fuzz;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use common::upload_page_fuzz::{render, upload_page};
 use kvtier::tier::parse_upload_page;
 use proptest::prelude::*;
+use upload_page_fuzz::{render, upload_page};
 
 fn text() -> impl Strategy<Value = String> {
     "[a-z0-9/&<>'\" _.\\-\u{e9}\u{4e2d}]{1,40}"

@@ -30,6 +30,8 @@ mod object;
 #[cfg(object_tier)]
 mod object_budget;
 #[cfg(object_tier)]
+mod object_budgeted;
+#[cfg(object_tier)]
 mod objects;
 #[cfg(fs_tier)]
 pub(crate) mod pool;

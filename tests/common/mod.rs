@@ -83,5 +83,3 @@ pub fn req(id: &str) -> String {
 }
 pub mod fake_s3;
 pub mod s3;
-#[cfg(feature = "object-store")]
-pub mod upload_page_fuzz;

@@ -94,4 +94,11 @@ MUTATIONS = [
           "                    match Ok::<_, TierError>(crate::tier::StaleUploads::default()) {")],
         TEST + ["-p", "kvtier", "--test", "vllm_objects", "a_start_on_a_bucket_aborts"],
     ),
+    Mutation(
+        "O17-a-budget-start-aborts-stale-uploads",
+        "ObjectTier::with_budget aborts no stale upload: a killed writer's parts stay, unlisted and billed",
+        [("        if let Err(error) = self.abort_stale_uploads(budget.sweep_age()).await {",
+          "        if let Err(error) = Ok::<(), TierError>(()) {")],
+        TEST + ["-p", "kvtier", "--test", "object_capacity", "a_budgets_start_aborts"],
+    ),
 ]

@@ -403,6 +403,17 @@ impl S3Options {
         Ok(client)
     }
 
+    /// The multipart uploads' requests of the bucket (see `uploads.rs`).
+    pub(crate) fn uploads(&self) -> Result<uploads::Uploads, TierError> {
+        uploads::Uploads::new(
+            self.build()?,
+            &self.client_options()?,
+            self.get_endpoint(),
+            self.get_bucket(),
+            self.effective_region(),
+        )
+    }
+
     /// The region requests are signed for: the one set, the environment's
     /// (`AWS_REGION`, `AWS_DEFAULT_REGION`), else `us-east-1`.
     pub(super) fn effective_region(&self) -> String {

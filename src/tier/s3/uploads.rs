@@ -17,6 +17,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use object_store::ClientOptions;
 use object_store::aws::{AmazonS3, AwsAuthorizer};
 use object_store::client::{
     HttpClient, HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector,
@@ -25,7 +26,6 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use quick_xml::Reader;
 use quick_xml::events::Event;
 
-use super::S3Options;
 use crate::tier::error::TierError;
 
 /// An unfinished multipart upload.
@@ -83,22 +83,27 @@ impl std::fmt::Debug for Uploads {
 }
 
 impl Uploads {
-    /// For the bucket `options` reach (its credentials, endpoint, region,
-    /// timeouts).
-    pub(crate) fn new(options: &S3Options) -> Result<Self, TierError> {
-        let s3 = options.build()?;
+    /// For `bucket` of the store `s3` (whose credentials sign the
+    /// requests), reached at `endpoint` (AWS's when `None`) with `client`'s
+    /// settings, requests signed for `region`.
+    pub(crate) fn new(
+        s3: AmazonS3,
+        client: &ClientOptions,
+        endpoint: Option<&str>,
+        bucket: &str,
+        region: String,
+    ) -> Result<Self, TierError> {
         let client = ReqwestConnector::default()
-            .connect(&options.client_options()?)
+            .connect(client)
             .map_err(|error| TierError::Config(error.to_string()))?;
-        let region = options.effective_region();
-        let endpoint = match options.get_endpoint() {
+        let endpoint = match endpoint {
             Some(endpoint) => endpoint.trim_end_matches('/').to_owned(),
             None => format!("https://s3.{region}.amazonaws.com"),
         };
         Ok(Self {
             s3,
             client,
-            bucket_url: format!("{endpoint}/{}", options.get_bucket()),
+            bucket_url: format!("{endpoint}/{bucket}"),
             region,
         })
     }

@@ -112,7 +112,7 @@ impl VllmObjectLayout {
     /// The layout below `rank_prefix` of the bucket `options` reach.
     pub fn s3(options: &S3Options, rank_prefix: &str) -> Result<Self, TierError> {
         let mut layout = Self::new(Arc::new(options.build()?), rank_prefix)?;
-        layout.uploads = Some(Arc::new(Uploads::new(options)?));
+        layout.uploads = Some(Arc::new(options.uploads()?));
         Ok(layout)
     }
 

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use super::books::{Books, Changes};
 use super::home::Home;
-use super::transfers::{FinishedTransfer, TransferKind, VllmTransfers};
+use super::job::TransferKind;
+use super::transfers::{FinishedTransfer, VllmTransfers};
 use crate::capacity::MAX_CHANGES;
 
 impl VllmTransfers {

@@ -5,7 +5,8 @@
 //! GIL and polled without blocking).
 //!
 //! `layout` names the files (`bucket` the objects, in an object store);
-//! `home` is the directory or the bucket a job's blocks go to; `blocks` reads and writes one file; `region`
+//! `home` is the directory or the bucket a job's blocks go to; `job` is
+//! one job's kind, progress and I/O; `blocks` reads and writes one file; `region`
 //! is the memory and the claims that keep two transfers off one block;
 //! `transfers` runs the jobs and reports them through the save core;
 //! `changes` tells the tier's lookups which blocks came and went;
@@ -18,15 +19,17 @@ mod bucket;
 mod budgeted;
 mod changes;
 mod home;
+mod job;
 mod layout;
 mod region;
 mod transfers;
 
 #[cfg(object_tier)]
 pub use bucket::{VllmObjectLayout, VllmObjectStats};
+pub use job::TransferKind;
 pub use layout::VllmFsLayout;
 pub(crate) use layout::{is_vllm_dir, vllm_entry};
 pub use region::PrimaryRegion;
 pub use transfers::{
-    FinishedTransfer, InFlightTransfer, ShutdownReport, TransferError, TransferKind, VllmTransfers,
+    FinishedTransfer, InFlightTransfer, ShutdownReport, TransferError, VllmTransfers,
 };
