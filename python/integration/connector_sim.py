@@ -59,14 +59,16 @@ MODULE = "kvtier.vllm.connector"
 
 
 def connector_config(
-    root: str, *, multi: Optional[str] = None, workers: int = 1, failure_policy: str = "recompute", **extra: Any
+    root: Optional[str], *, multi: Optional[str] = None, workers: int = 1, failure_policy: str = "recompute", **extra: Any
 ):
     """vLLM's config for kvtier's connector alone, or under MultiConnector
     next to OffloadingConnector (``multi="offloading"``: vLLM's HMA path) or
     next to OffloadingConnector and ExampleConnector, which has no HMA
     support (``multi="offloading+example"``: the non-HMA path);
-    failed loads are recomputed unless ``failure_policy="fail"``."""
-    ours = {"root_dir": root, **extra}
+    failed loads are recomputed unless ``failure_policy="fail"``; ``root``
+    ``None`` leaves ``root_dir`` out (an object store's settings in
+    ``extra`` instead)."""
+    ours = ({} if root is None else {"root_dir": root}) | extra
     if multi is None:
         config = create_vllm_config(
             kv_connector="StorageConnector",

@@ -201,6 +201,22 @@ class Seaweed:
         root = self._get_xml(bucket, {"uploads": "", "prefix": prefix})
         return [upload.findtext(f"{_S3}Key") for upload in root.iter(f"{_S3}Upload")]
 
+    def wait_serving(self, bucket: str, key: str, timeout: float = 60.0) -> None:
+        """Waits until an unsigned GET of ``key`` answers 200: after a
+        restart the S3 port answers before every stored object is served
+        again. Needs ``anonymous=True``."""
+        url = f"{self.endpoint}/{bucket}/{urllib.parse.quote(key)}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    answer.read()
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} not served within {timeout} s; see {self.log_path}")
+                time.sleep(0.1)
+
     def start_upload(self, bucket: str, key: str) -> str:
         """Starts a multipart upload of ``key`` and leaves it unfinished (as
         a writer killed mid-upload does); returns its id. Unsigned: needs

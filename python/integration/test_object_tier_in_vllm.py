@@ -251,6 +251,7 @@ def test_with_the_server_stopped_lookups_miss_jobs_fail_and_the_tier_comes_back(
             assert results == {2: False, 3: False}
             print(f"outage: a lookup and two jobs failed in {time.monotonic() - started:.1f} s")
             server.start()
+            server.wait_serving(BUCKET, next(iter(server.list_objects(BUCKET, tier.rank_prefix))))
             tier.on_request_finished(context("during"))
             assert resolve(tier, [key(1)], context("after")) == [LookupResult.HIT]
             tier.submit_load(job(4, [key(1)], [5], promotion=True))

@@ -165,9 +165,8 @@ MUTATIONS = [
     Mutation(
         "K7-settings-are-checked",
         "the connector's int settings are taken unchecked: staging_bytes=0, io_threads=True pass",
-        [("        checked = check_settings(\n            {name: extra.get(name, default) for name, default in _DEFAULTS.items()},\n"
-          "            \"kv_connector_extra_config\",\n        )",
-          "        checked = {name: extra.get(name, default) for name, default in _DEFAULTS.items()}")],
+        [("        checked = check_settings(values, \"kv_connector_extra_config\")",
+          "        checked = dict(values)")],
         in_vllm("connector", "test_connector_in_vllm.py", "test_bad_settings_are_config_errors"),
     ),
     Mutation(

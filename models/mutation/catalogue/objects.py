@@ -77,8 +77,8 @@ MUTATIONS = [
     Mutation(
         "O12-the-object-tiers-budget-reaches-the-transfers",
         "kvtier.vllm.ObjectTier takes capacity_bytes and drops it: the prefix is unbounded",
-        [("            \"capacity_bytes\": capacity_bytes,\n            \"eviction_policy\": eviction_policy,\n            \"rescan_interval\": rescan_interval,\n            \"stale_temp_age\"",
-          "            \"stale_temp_age\"")],
+        [("                settings=settings,",
+          "                settings=dict(settings, capacity_bytes=None, eviction_policy=None, rescan_interval=None),")],
         in_vllm("own", "test_object_tier_in_vllm.py", "test_capacity_bytes_bounds_the_prefix"),
     ),
     Mutation(

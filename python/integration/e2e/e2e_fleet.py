@@ -245,6 +245,8 @@ def outage(h: "Harness", server: Seaweed, planted: str) -> None:
     during = time.monotonic() - stopped
     time.sleep(max(0.0, OUTAGE_SECONDS - during))
     server.start()
+    # Served again, A's objects too, before the batch that needs them.
+    server.wait_serving(BUCKET, next(iter(server.list_objects(BUCKET, f"{PREFIX}/"))))
     (pause / "phase2").touch()
     c = h._ended(process, run_dir, started)
     outputs = c["outputs"]

@@ -39,8 +39,12 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: An object store's settings, instead of ``root_dir`` (see ``ObjectTier``).
+_STORE = ("url", "store_config", "prefix", "request_timeout", "connect_timeout", "max_retries")
+
 _KNOWN = {
     "root_dir",
+    *_STORE,
     "staging_bytes",
     "copy_threads",
     "io_threads",
@@ -75,6 +79,9 @@ class ConnectorSettings:
     eviction_policy: Optional[str] = None
     rescan_interval: Optional[float] = None
     run_config: dict[str, Any] = field(default_factory=dict)
+    #: The bucket and prefix (a native ``ObjectTarget``) when the blocks
+    #: live in an object store; ``None`` for ``root_dir``.
+    target: Any = None
 
     @staticmethod
     def from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> "ConnectorSettings":
@@ -90,14 +97,22 @@ class ConnectorSettings:
                 f"kv_connector_extra_config has settings the kvtier connector does not know: {unknown}; "
                 f"it knows {sorted(_KNOWN)}"
             )
-        if "root_dir" not in extra:
-            raise ConfigError("kv_connector_extra_config needs 'root_dir': the directory blocks are stored in")
+        in_store = "url" in extra or "store_config" in extra
+        if ("root_dir" in extra) == in_store:
+            raise ConfigError(
+                "kv_connector_extra_config needs 'root_dir' (a directory) or 'url' / 'store_config' "
+                "(an S3-compatible bucket) for the blocks, and not both"
+            )
+        values = {name: extra.get(name, default) for name, default in _DEFAULTS.items()}
+        values.update({name: extra[name] for name in _STORE if name in extra})
         # guard: K7-settings-are-checked
-        checked = check_settings(
-            {name: extra.get(name, default) for name, default in _DEFAULTS.items()},
-            "kv_connector_extra_config",
-        )
-        root_dir = check_root_dir(extra["root_dir"])
+        checked = check_settings(values, "kv_connector_extra_config")
+        target = checked.get("object_target")
+        if target is not None:
+            # As vLLM's obj tier roots its mapper (see ObjectTier).
+            root_dir = f"{target.prefix}/" if target.prefix else ""
+        else:
+            root_dir = check_root_dir(extra["root_dir"])
         blocking = extra.get("blocking_save", False)
         if not isinstance(blocking, bool):
             raise ConfigError(f"kv_connector_extra_config['blocking_save'] is a bool, not {blocking!r}")
@@ -143,14 +158,22 @@ class ConnectorSettings:
             eviction_policy=checked["eviction_policy"],
             rescan_interval=checked["rescan_interval"],
             run_config=mapper.get_run_config(),
+            target=target,
         )
 
     def rank_dir(self, rank: int) -> str:
-        return rank_dir_of(self.base_path, 0 if self.agnostic else rank)
+        """The rank's directory, or in an object store its prefix (vLLM's
+        rank directory with empty segments dropped)."""
+        rank_dir = rank_dir_of(self.base_path, 0 if self.agnostic else rank)
+        if self.target is None:
+            return rank_dir
+        return "/".join(part for part in rank_dir.split("/") if part)
 
     def write_run_config(self) -> None:
         """The run's settings next to its blocks, as vLLM's fs tier writes
-        them (either may create the file)."""
+        them (either may create the file); nothing in an object store."""
+        if self.target is not None:
+            return
         path = os.path.join(self.base_path, "config.json")
         os.makedirs(self.base_path, exist_ok=True)
         if not os.path.exists(path):

@@ -48,11 +48,22 @@ class SchedulerSide:
         self.settings = settings
         self.block_size = settings.block_size
         settings.write_run_config()
-        self.lookup = Lookup.vllm_fs(
-            settings.rank_dir(0),
-            concurrency=settings.lookup_concurrency,
-            group_timeout=settings.lookup_timeout,
-        )
+        if settings.target is not None:
+            # One listing: the store answers, takes the credentials and has
+            # the bucket, or the error names the setting to fix.
+            settings.target.check_reachable(settings.rank_dir(0))
+            self.lookup = Lookup.vllm_objects(
+                settings.target,
+                settings.rank_dir(0),
+                concurrency=settings.lookup_concurrency,
+                group_timeout=settings.lookup_timeout,
+            )
+        else:
+            self.lookup = Lookup.vllm_fs(
+                settings.rank_dir(0),
+                concurrency=settings.lookup_concurrency,
+                group_timeout=settings.lookup_timeout,
+            )
         # The groups' times to verdict, for /metrics (see report_figures).
         self.lookup.time_verdicts(True)
         self.figures = Figures("connector")

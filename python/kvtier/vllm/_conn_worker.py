@@ -61,6 +61,7 @@ class WorkerSide:
             capacity_bytes=self.settings.capacity_bytes,
             eviction_policy=self.settings.eviction_policy,
             rescan_interval=self.settings.rescan_interval,
+            target=self.settings.target,
             # The scheduler's lookups probe rank 0's directory: its changes
             # settle them (see worker_meta).
             # guard: K12-rank-0-records-its-changes

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -107,6 +107,7 @@ class DumpEngine:
         eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
         record_changes: bool = False,
+        target: Any = None,
     ) -> None:
         if len(groups) != 1:
             raise ValueError(f"the connector handles one KV-cache group, not {len(groups)}")
@@ -137,6 +138,7 @@ class DumpEngine:
                 "stale_temp_age": stale_temp_age,
                 "rescan_interval": rescan_interval,
             },
+            target=target,
         )
         # For take_changes: the blocks stored and deleted, in order.
         self._transfers.record_changes(record_changes)

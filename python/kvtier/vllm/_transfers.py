@@ -1,7 +1,9 @@
-"""vLLM's transfers of a rank directory, as the tier and the connector both
-open them: checked settings in, a byte budget when one is set, and the
-stale temporary files swept in the background when none is (a budget's
-own scan sweeps them at once)."""
+"""vLLM's transfers of a rank directory (or of a rank prefix in an object
+store), as the tier and the connector both open them: checked settings in,
+a byte budget when one is set, and the stale temporary files swept in the
+background when none is (a budget's own scan sweeps them at once); in an
+object store, the stale multipart uploads of its blocks aborted in the
+background."""
 
 from __future__ import annotations
 
@@ -17,12 +19,29 @@ def open_transfers(
     load_threads: int,
     store_threads: int,
     settings: Mapping[str, Any],
+    target: Any = None,
 ) -> VllmTransfers:
     """``settings``: the budget's four settings as ``check_settings``
     returned them (``capacity_bytes``, ``eviction_policy``,
-    ``stale_temp_age``, ``rescan_interval``); passed through unchanged."""
+    ``stale_temp_age``, ``rescan_interval``); passed through unchanged.
+    ``target``: an ``ObjectTarget`` (``rank_dir`` is then the rank's
+    prefix in its bucket), or ``None`` for a directory."""
     capacity: Optional[int] = settings.get("capacity_bytes")
     stale: Optional[float] = settings.get("stale_temp_age")
+    if target is not None:
+        transfers = VllmTransfers.objects(
+            target,
+            rank_dir,
+            primary,
+            load_threads=load_threads,
+            store_threads=store_threads,
+            capacity_bytes=capacity,
+            eviction_policy=settings.get("eviction_policy"),
+            rescan_interval=settings.get("rescan_interval"),
+        )
+        if stale is not None:
+            transfers.sweep_stale_temps(stale)
+        return transfers
     transfers = VllmTransfers(
         rank_dir,
         primary,

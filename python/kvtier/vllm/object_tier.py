@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-from .._native import ConfigError, Lookup, VllmTransfers, check_settings
+from .._native import ConfigError, Lookup, check_settings
 from ._layout import rank_dir_of
 from ._native_tier import NativeTier
+from ._transfers import open_transfers
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -132,7 +133,6 @@ class ObjectTier(NativeTier):
             "request_timeout": request_timeout,
             "connect_timeout": connect_timeout,
             "max_retries": max_retries,
-            # guard: O12-the-object-tiers-budget-reaches-the-transfers
             "capacity_bytes": capacity_bytes,
             "eviction_policy": eviction_policy,
             "rescan_interval": rescan_interval,
@@ -165,23 +165,18 @@ class ObjectTier(NativeTier):
             group_timeout=settings["lookup_timeout"],
         )
         try:
-            transfers = VllmTransfers.objects(
-                target,
+            # guard: O12-the-object-tiers-budget-reaches-the-transfers
+            transfers = open_transfers(
                 self.rank_prefix,
                 primary_kv_view,
                 load_threads=reads,
                 store_threads=writes,
-                capacity_bytes=settings.get("capacity_bytes"),
-                eviction_policy=settings.get("eviction_policy"),
-                rescan_interval=settings.get("rescan_interval"),
+                settings=settings,
+                target=target,
             )
         except BaseException:
             lookup.shutdown()
             raise
-        if settings["stale_temp_age"] is not None:
-            # Unfinished multipart uploads of the layout's blocks that dead
-            # writers left, in the background.
-            transfers.sweep_stale_temps(settings["stale_temp_age"])
         self._target = target
         self._adopt(tier_type, lookup, transfers, reads + writes)
         logger.info(
