@@ -217,6 +217,13 @@ class Seaweed:
                     raise RuntimeError(f"{url} not served within {timeout} s; see {self.log_path}")
                 time.sleep(0.1)
 
+    def put_object(self, bucket: str, key: str, data: bytes) -> None:
+        """Writes ``key`` as given, raw (empty segments and all), as another
+        client would. Unsigned: needs ``anonymous=True``."""
+        url = f"{self.endpoint}/{bucket}/{urllib.parse.quote(key)}"
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method="PUT"), timeout=10):
+            pass
+
     def start_upload(self, bucket: str, key: str) -> str:
         """Starts a multipart upload of ``key`` and leaves it unfinished (as
         a writer killed mid-upload does); returns its id. Unsigned: needs

@@ -308,3 +308,26 @@ def test_a_stale_upload_of_a_block_is_aborted_at_start_and_others_stay(server, m
         assert server.list_uploads(BUCKET, rank_prefix) == [other]
     finally:
         tier.shutdown()
+
+
+def test_a_block_at_vllms_own_name_is_served_where_the_server_collapses_empty_segments(server, memory):
+    # vLLM's obj tier writes `{prefix}//{model}_{digest}_r0/...`. SeaweedFS
+    # stores objects in a file tree and collapses the empty segment, so the
+    # object is the one kvtier names: both tiers share it there. (AWS S3
+    # keeps keys verbatim: there the two names are two objects; see
+    # docs/design.md, "vLLM's object keys".)
+    spec = offloading_spec()
+    vllms = FileMapper.from_offloading_spec("shared/", spec, parallel_agnostic=True)
+    block = make_offload_key(b"\x5a" * 16, 0)
+    name = vllms.get_file_name(block)
+    assert "//" in name
+    expected = np.random.default_rng(3).integers(0, 256, BLOCK_BYTES, dtype=np.uint8)
+    server.put_object(BUCKET, name, expected.tobytes())
+    tier = object_tier(server, memory, "shared", spec)
+    try:
+        assert resolve(tier, [block], context("a")) == [LookupResult.HIT]
+        tier.submit_load(job(1, [block], [7], promotion=True))
+        assert [r.success for r in finish(tier)] == [True]
+        assert (memory[7] == expected).all()
+    finally:
+        tier.shutdown()

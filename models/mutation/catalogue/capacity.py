@@ -125,7 +125,7 @@ MUTATIONS = [
     Mutation(
         "E20-vllm-stores-get-room-before-they-write",
         "vLLM-layout stores write without asking the budget: kvtier.vllm.FsTier's files grow past capacity_bytes",
-        [("            TransferKind::Store => match budgeted {", "            TransferKind::Store => match None::<(&DirBudget, std::path::PathBuf)> {")],
+        [("            TransferKind::Store => match budgeted {", "            TransferKind::Store => match None::<(&crate::tier::budget::DirBudget, std::path::PathBuf)> {")],
         TEST + ["-p", "kvtier", "--test", "vllm_capacity"],
     ),
     Mutation(
