@@ -103,7 +103,7 @@ fn trim_keeps_the_newest_objects_within_the_capacity_and_probe_shows_the_usage()
         "{stdout}"
     );
     assert!(
-        stdout.contains("deleted       0 oldest blocks, in"),
+        stdout.contains("deleted       0 oldest blocks, 0 stale multipart uploads"),
         "{stdout}"
     );
     let probe = json(&kvtier(&[
@@ -135,17 +135,12 @@ fn bad_s3_trim_input_exits_with_code_2_and_an_absent_bucket_with_3() {
             "cannot be used with",
         ),
         (
-            vec!["trim", "--s3", "s3://b", "--layout", "vllm"],
+            vec!["trim", "--s3", "s3://bbb", "--layout", "lru"],
             2,
-            "cannot be used with",
+            "invalid value",
         ),
         (
             vec!["trim", "--s3", "s3://b", "--namespace", "x"],
-            2,
-            "cannot be used with",
-        ),
-        (
-            vec!["trim", "--s3", "s3://b", "--stale-temp-age", "5"],
             2,
             "cannot be used with",
         ),
@@ -174,4 +169,155 @@ fn bad_s3_trim_input_exits_with_code_2_and_an_absent_bucket_with_3() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// vLLM's layout in a bucket (kvtier.vllm.ObjectTier, the connector on a
+/// bucket): `--layout vllm` trims a rank prefix, counts only vLLM's block
+/// names, and reports the usage against the budget; probe reports it too.
+#[test]
+fn a_vllm_rank_prefix_is_trimmed_by_its_layout_and_its_usage_reported_against_the_budget() {
+    use kvtier::tier::VllmObjectLayout;
+    use object_store::ObjectStoreExt;
+
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("kvtier-trim-vllm");
+    server.create_bucket(&bucket);
+    let rank = "fleet/llama_0123456789ab_r0";
+    let url = format!("s3://{bucket}/{rank}?endpoint={}", server.endpoint);
+    let (options, _) = S3Options::from_url(&url).unwrap();
+    let layout = VllmObjectLayout::s3(&options.credentials("testing", "testing"), rank).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let key = |n: u8| vec![n, 0xab, 0xcd, 0, 0, 0, 0];
+    runtime.block_on(async {
+        for n in 0..2 {
+            let location = layout.location_of(&key(n)).unwrap();
+            layout
+                .store()
+                .put(&location, vec![n; 100].into())
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        for n in 2..5 {
+            let location = layout.location_of(&key(n)).unwrap();
+            layout
+                .store()
+                .put(&location, vec![n; 100].into())
+                .await
+                .unwrap();
+        }
+        // Not vLLM's name of a block: never counted, never deleted.
+        let notes = object_store::path::Path::from(format!("{rank}/abc/notes.bin").as_str());
+        layout
+            .store()
+            .put(&notes, vec![0; 1000].into())
+            .await
+            .unwrap();
+    });
+    let usage = json(&kvtier(&[
+        "trim", "--s3", &url, "--layout", "vllm", "--json",
+    ]));
+    assert_eq!(
+        (usage["blocks"].as_u64(), usage["bytes"].as_u64()),
+        (Some(5), Some(500))
+    );
+    let trimmed = json(&kvtier(&[
+        "trim",
+        "--s3",
+        &url,
+        "--layout",
+        "vllm",
+        "--capacity",
+        "300",
+        "--json",
+    ]));
+    assert_eq!(
+        (
+            trimmed["blocks"].as_u64(),
+            trimmed["trimmed"].as_u64(),
+            trimmed["used_percent"].as_f64()
+        ),
+        (Some(3), Some(2), Some(100.0))
+    );
+    assert_eq!(trimmed["layout"].as_str(), Some("vllm"));
+    assert_eq!(trimmed["uploads"]["found"].as_u64(), Some(0));
+    let left = runtime.block_on(layout.usage()).unwrap();
+    assert_eq!((left.blocks, left.bytes), (3, 300), "the newest three kept");
+    let probe = json(&kvtier(&[
+        "probe",
+        "--s3",
+        &url,
+        "--keys",
+        "10",
+        "--groups",
+        "2",
+        "--capacity",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(probe["usage"]["capacity_bytes"].as_u64(), Some(200));
+}
+
+/// With a budget, `trim --s3` aborts the layout's unfinished multipart
+/// uploads older than `--stale-temp-age` (a killed multipart writer's), and
+/// leaves every other upload.
+#[test]
+fn trim_aborts_the_layouts_stale_uploads_and_no_other() {
+    use object_store::multipart::MultipartStore;
+
+    let Some(server) = S3Server::with_upload_listing() else {
+        return;
+    };
+    let bucket = unique_bucket("kvtier-trim-uploads");
+    server.create_bucket(&bucket);
+    let rank = "fleet/llama_0123456789ab_r0";
+    let url = format!("s3://{bucket}/{rank}?endpoint={}", server.endpoint);
+    let (options, _) = S3Options::from_url(&url).unwrap();
+    let layout =
+        kvtier::tier::VllmObjectLayout::s3(&options.credentials("testing", "testing"), rank)
+            .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&bucket)
+            .with_endpoint(&server.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .with_region("us-east-1")
+            .build()
+            .unwrap();
+        let block = layout.location_of(&[7, 0xab, 0xcd, 0, 0, 0, 0]).unwrap();
+        s3.create_multipart(&block).await.unwrap();
+        let other = object_store::path::Path::from(format!("{rank}/notes/x.txt").as_str());
+        s3.create_multipart(&other).await.unwrap();
+    });
+    // Counted without a budget, aborted with one.
+    let counted = json(&kvtier(&[
+        "trim", "--s3", &url, "--layout", "vllm", "--json",
+    ]));
+    assert_eq!(
+        (
+            counted["uploads"]["found"].as_u64(),
+            counted["uploads"]["aborted"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    let trimmed = json(&kvtier(&[
+        "trim",
+        "--s3",
+        &url,
+        "--layout",
+        "vllm",
+        "--capacity",
+        "1G",
+        "--stale-temp-age",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(trimmed["uploads"]["aborted"].as_u64(), Some(1));
+    let left = runtime
+        .block_on(layout.abort_stale_uploads(Duration::ZERO))
+        .unwrap();
+    assert_eq!(left.found, 0);
 }

@@ -48,6 +48,11 @@ pub(crate) struct ProbeArgs {
     /// Seed of the key sequence (the same seed probes the same keys).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The tier's byte budget (bytes, or with a unit: K, M, G, T): the
+    /// usage is reported against it, and what a reconcile or
+    /// `kvtier trim --capacity` would delete. Nothing is deleted here.
+    #[arg(long, value_name = "SIZE", value_parser = super::trim::parse_size, allow_hyphen_values = true)]
+    capacity: Option<u64>,
     /// Print one JSON object instead of text (no progress bar).
     #[arg(long)]
     json: bool,
@@ -232,6 +237,9 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 "blocks": usage.blocks,
                 "bytes": usage.bytes,
                 "scan_s": usage.elapsed.as_secs_f64(),
+                "capacity_bytes": args.capacity,
+                "used_percent": args.capacity.map(|c| 100.0 * usage.bytes as f64 / c as f64),
+                "over_bytes": args.capacity.map(|c| usage.bytes.saturating_sub(c)),
             },
         });
         say!("{report}");
@@ -263,6 +271,20 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             usage.bytes,
             usage.elapsed.as_secs_f64()
         );
+        if let Some(capacity) = args.capacity {
+            let over = usage.bytes.saturating_sub(capacity);
+            let verdict = if over == 0 {
+                "within it".to_owned()
+            } else {
+                format!(
+                    "over by {over} bytes: a reconcile (or `kvtier trim --capacity`) deletes the oldest"
+                )
+            };
+            say!(
+                "  budget        {capacity} bytes, {:.1} % used, {verdict}",
+                100.0 * usage.bytes as f64 / capacity as f64
+            );
+        }
     }
     outcome(args.keys, errors, stats.timeouts, timed_out_keys)
 }

@@ -7,9 +7,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
+use kvtier::TierError;
 use kvtier::capacity::Policy;
 use kvtier::settings::{BudgetConfig, parse_bytes};
-use kvtier::tier::{BlockLayout, ScanReport, check_namespace, check_tier_dir, scan_directory};
+use kvtier::tier::{
+    BlockLayout, S3Options, ScanReport, StaleUploads, VllmObjectLayout, check_namespace,
+    check_tier_dir, scan_directory,
+};
 
 use super::failure::Failure;
 use super::s3;
@@ -22,11 +26,15 @@ pub(crate) struct TrimArgs {
     /// (`<root>/<model dirs>/..._r<rank>`).
     #[arg(long, value_name = "DIR")]
     fs: Option<PathBuf>,
-    /// An object tier (ObjectTier) in an S3 or S3-compatible bucket:
+    /// An object tier in an S3 or S3-compatible bucket:
     /// s3://BUCKET[/NAMESPACE][?endpoint=URL&region=R]; credentials from
-    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY. Its namespace's `.bin`
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY. With --layout kvtier
+    /// (ObjectTier) NAMESPACE is the tier's; with --layout vllm
+    /// (kvtier.vllm.ObjectTier, the connector on a bucket) it is a rank
+    /// prefix, `<prefix>/<model>_<digest>_r<rank>`. The layout's block
     /// objects are counted, and with --capacity the oldest (by last
-    /// modified) deleted.
+    /// modified) deleted and the layout's unfinished multipart uploads
+    /// older than --stale-temp-age aborted.
     #[arg(long, value_name = "URL")]
     s3: Option<String>,
     /// The namespace below DIR (kvtier's layout only).
@@ -37,17 +45,19 @@ pub(crate) struct TrimArgs {
         conflicts_with = "s3"
     )]
     namespace: String,
-    /// Whose file layout DIR holds: `kvtier` (FsTier) or `vllm` (vLLM's fs
-    /// tier, kvtier.vllm.FsTier, kvtier's connector).
-    #[arg(long, default_value = "kvtier", value_parser = ["kvtier", "vllm"], conflicts_with = "s3")]
+    /// Whose layout DIR (or the bucket prefix) holds: `kvtier` (FsTier,
+    /// ObjectTier) or `vllm` (vLLM's fs and obj tiers, kvtier.vllm.FsTier
+    /// and ObjectTier, kvtier's connector).
+    #[arg(long, default_value = "kvtier", value_parser = ["kvtier", "vllm"])]
     layout: String,
     /// The budget: bytes, or with a unit (K, M, G, T: powers of 1024),
     /// e.g. 50G. Without it nothing is deleted: the usage is printed.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, allow_hyphen_values = true)]
     capacity: Option<u64>,
-    /// Temporary files older than this many seconds are deleted (a live
-    /// writer's is younger: keep it above your slowest store).
-    #[arg(long, default_value_t = 600, value_name = "SECONDS", conflicts_with = "s3",
+    /// Temporary files (in a bucket: unfinished multipart uploads) older
+    /// than this many seconds are deleted (a live writer's is younger: keep
+    /// it above your slowest store).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
     stale_temp_age: u64,
     /// How long to wait for the S3 endpoint's first answer, in
@@ -107,30 +117,58 @@ fn run_fs(args: &TrimArgs, root: &Path) -> Result<(), Failure> {
         .map_err(|error| Failure::run(error.to_string()))?;
     let place = serde_json::json!({"dir": dir.display().to_string(), "layout": args.layout});
     let label = format!("{} ({} layout)", dir.display(), args.layout);
-    print(args, place, &label, &report)
+    print(args, place, &label, &report, None)
 }
 
-/// The object tier's namespace listed once; with a budget, the newest
-/// objects that fit kept and the rest deleted, as `ObjectTier::with_budget`
-/// does when a tier opens.
+/// The namespace (a rank prefix with `--layout vllm`) listed once; with a
+/// budget, the newest objects that fit kept and the rest deleted, as a
+/// tier's budget does when it opens, and the layout's stale multipart
+/// uploads aborted. Without one, nothing deleted: the usage, and the
+/// uploads found.
 fn run_s3(args: &TrimArgs, url: &str) -> Result<(), Failure> {
     let (tier, namespace) = s3::connect(url)?;
     let runtime = s3::runtime()?;
     s3::reach(&runtime, &tier, url, Duration::from_millis(args.timeout))?;
-    let report = runtime
+    let stale = Duration::from_secs(args.stale_temp_age);
+    let vllm = match args.layout.as_str() {
+        "vllm" => {
+            let (options, _) =
+                S3Options::from_url(url).map_err(|error| Failure::input(error.to_string()))?;
+            Some(
+                VllmObjectLayout::s3(&options, &namespace)
+                    .map_err(|error| Failure::input(error.to_string()))?,
+            )
+        }
+        _ => None,
+    };
+    let (report, uploads) = runtime
         .block_on(async {
-            match args.capacity {
-                Some(capacity) => tier
-                    .with_budget(BudgetConfig::new(capacity)?)
+            // Without a budget nothing is aborted: only counted (an age
+            // no upload reaches).
+            let age = if args.capacity.is_some() {
+                stale
+            } else {
+                Duration::MAX
+            };
+            let uploads = match &vllm {
+                Some(layout) => layout.abort_stale_uploads(age).await?,
+                None => tier.abort_stale_uploads(age).await?,
+            };
+            let report = match (&vllm, args.capacity) {
+                (Some(layout), Some(capacity)) => layout.trim_to(capacity, Policy::Lru).await?,
+                (Some(layout), None) => layout.usage().await?,
+                (None, Some(capacity)) => tier
+                    .with_budget(BudgetConfig::new(capacity)?.with_stale_temp_age(None)?)
                     .await
-                    .map(|tier| tier.scan_report().unwrap_or_default()),
-                None => tier.usage().await,
-            }
+                    .map(|tier| tier.scan_report().unwrap_or_default())?,
+                (None, None) => tier.usage().await?,
+            };
+            Ok::<_, TierError>((report, uploads))
         })
         .map_err(|error| Failure::run(error.to_string()))?;
-    let place = serde_json::json!({"s3": url, "namespace": namespace});
-    let label = format!("s3 {url} (namespace {namespace})");
-    print(args, place, &label, &report)
+    let place = serde_json::json!({"s3": url, "namespace": namespace, "layout": args.layout});
+    let label = format!("s3 {url} (namespace {namespace}, {} layout)", args.layout);
+    print(args, place, &label, &report, Some(uploads))
 }
 
 fn print(
@@ -138,10 +176,19 @@ fn print(
     place: serde_json::Value,
     label: &str,
     report: &ScanReport,
+    uploads: Option<StaleUploads>,
 ) -> Result<(), Failure> {
+    // How full the budget is after the trim (without one: the usage only).
+    let used = args
+        .capacity
+        .map(|capacity| 100.0 * report.bytes as f64 / capacity as f64);
     if args.json {
         let mut json = serde_json::json!({
             "capacity_bytes": args.capacity,
+            "used_percent": used,
+            "uploads": uploads.map(|u| serde_json::json!({
+                "found": u.found, "aborted": u.aborted, "failed": u.failed,
+            })),
             "blocks": report.blocks,
             "bytes": report.bytes,
             "trimmed": report.trimmed,
@@ -161,15 +208,20 @@ fn print(
                 format!("budget {c} bytes")
             });
         say!("trim {label}, {budget}");
+        let share = used.map_or(String::new(), |used| {
+            format!(" ({used:.1} % of the budget)")
+        });
         say!(
-            "  kept          {} blocks, {} bytes",
+            "  kept          {} blocks, {} bytes{share}",
             report.blocks,
             report.bytes
         );
-        let swept = if args.s3.is_some() {
-            String::new() // an object store has no temporary files
-        } else {
-            format!(", {} stale temporary files", report.swept)
+        let swept = match uploads {
+            Some(uploads) => format!(
+                ", {} stale multipart uploads ({} unfinished found, {} not aborted)",
+                uploads.aborted, uploads.found, uploads.failed
+            ),
+            None => format!(", {} stale temporary files", report.swept),
         };
         say!(
             "  deleted       {} oldest blocks{swept}, in {:.3} s",

@@ -30,7 +30,9 @@ use super::super::objects::store_error;
 use super::super::s3::S3Options;
 use super::super::s3::uploads::{StaleUploads, Uploads, abort_stale};
 use super::blocks::Stored;
-use super::layout::{block_key, push_vllm_path};
+use super::layout::{block_key, push_vllm_path, vllm_entry};
+use crate::capacity::Policy;
+use crate::tier::error::ScanReport;
 use std::time::Duration;
 
 use crate::settings::{ObjectTarget, ReachFault, SettingError};
@@ -208,6 +210,24 @@ impl VllmObjectLayout {
             return None;
         }
         block_key(fan_out, shard, name)
+    }
+
+    /// What the rank prefix holds now: its block objects (vLLM's names
+    /// only) and their bytes, with one listing and nothing deleted.
+    pub async fn usage(&self) -> Result<ScanReport, TierError> {
+        let prefix = ObjectPath::from(self.rank_prefix.as_str());
+        crate::tier::object_budget::usage(&*self.store, &prefix, vllm_entry).await
+    }
+
+    /// Lists the rank prefix and deletes the oldest blocks (by last
+    /// modified) until the newest that fit `capacity` bytes remain, as a
+    /// budget's start does; only vLLM's block names are counted or
+    /// deleted. Returns what was kept and deleted.
+    pub async fn trim_to(&self, capacity: u64, policy: Policy) -> Result<ScanReport, TierError> {
+        let prefix = ObjectPath::from(self.rank_prefix.as_str());
+        let budget =
+            ObjectBudget::scan(&*self.store, &prefix, capacity, policy, vllm_entry).await?;
+        Ok(budget.report().clone())
     }
 
     /// Checks that the store answers, takes the credentials and has the
