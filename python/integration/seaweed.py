@@ -265,7 +265,12 @@ class Seaweed:
 def main(argv: list[str]) -> int:
     """``start DIR [BUCKET...]``: starts a server with its data in DIR (and
     unsigned requests allowed, for the Rust tests' bucket creation), writes
-    its pid to DIR/pid, prints its endpoint. ``stop DIR``: stops it."""
+    its pid to DIR/pid, prints its endpoint. ``stop DIR``: stops it.
+    ``install``: installs the binary if needed and prints its path (for
+    ``KVTIER_WEED``)."""
+    if argv[:1] == ["install"]:
+        print(weed_binary())
+        return 0
     if len(argv) < 2 or argv[0] not in ("start", "stop"):
         print(main.__doc__, file=sys.stderr)
         return 2
