@@ -60,7 +60,7 @@ fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
     matches!(
         chars.next(),
-        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H' | 'K' | 'E')
+        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H' | 'K' | 'E' | 'O')
     ) && span[1..].split_once('-').is_some_and(|(number, rest)| {
         !number.is_empty()
             && number.bytes().all(|b| b.is_ascii_digit())
@@ -153,6 +153,7 @@ fn the_scan_recognises_names_and_ids() {
     assert!(!is_check_name("Stats_foreign_x_y"));
     assert!(is_mutation_id("L10-apply-checks-the-table"));
     assert!(is_mutation_id("S6-multi"));
+    assert!(is_mutation_id("O16-a-start-aborts-stale-uploads"));
     assert!(!is_mutation_id("L-x"));
     assert!(!is_mutation_id("README.md"));
     assert_eq!(spans("a `b` c `d e` f"), ["b", "d e"]);
