@@ -44,6 +44,7 @@ class Harness:
         self.prompts = [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
         self.runs = 0
         self.baseline: dict = {}
+        self.baseline_seconds = 0.0
         self.notes: list[str] = []
 
     # Running engines.
@@ -181,8 +182,11 @@ class Harness:
 
     def run_baseline(self) -> None:
         print("baseline: no offloading", flush=True)
-        self.baseline = self.run("baseline", self.settings(None, ""))["outputs"]
+        baseline = self.run("baseline", self.settings(None, ""))
+        self.baseline = baseline["outputs"]
+        self.baseline_seconds = baseline["seconds"]
         check(len(self.baseline) == PROMPTS, "the baseline lost prompts")
+        self.notes.append(f"baseline: generate() {baseline['seconds']:.2f} s computing every prompt token")
 
     def restart(self, tier: str) -> Path:
         root = self.work / f"restart-{tier}"
