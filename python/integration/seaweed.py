@@ -166,15 +166,20 @@ class Seaweed:
         raise RuntimeError(f"weed did not answer within {timeout} s; see {self.log_path}")
 
     def _ready(self) -> bool:
-        """The S3 port answers, and each bucket answers a HEAD with 200 or
-        403 (an unsigned request refused), not 404 or 503."""
-        for bucket in [None] + self.buckets:
+        """The S3 port answers, and each bucket exists: the filer (which
+        keeps a bucket as a directory, and takes no credentials on
+        loopback) lists it."""
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/", method="HEAD"), timeout=2)
+        except urllib.error.HTTPError:
+            pass  # an answer: the port is up
+        except OSError:
+            return False
+        filer = f"http://127.0.0.1:{self.ports['filer.port']}"
+        for bucket in self.buckets:
+            request = urllib.request.Request(f"{filer}/buckets/{bucket}/", headers={"Accept": "application/json"})
             try:
-                request = urllib.request.Request(f"{self.endpoint}/{bucket or ''}", method="HEAD")
-                urllib.request.urlopen(request, timeout=2)
-            except urllib.error.HTTPError as error:
-                if bucket is not None and error.code != 403:
-                    return False
+                urllib.request.urlopen(request, timeout=2).read()
             except OSError:
                 return False
         return True
