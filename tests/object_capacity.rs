@@ -477,15 +477,7 @@ fn a_budgets_start_aborts_the_stale_uploads_of_its_blocks() {
         .region("us-east-1");
     runtime().block_on(async {
         use object_store::multipart::MultipartStore;
-        let s3 = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&bucket)
-            .with_endpoint(&server.endpoint)
-            .with_allow_http(true)
-            .with_access_key_id("testing")
-            .with_secret_access_key("testing")
-            .with_region("us-east-1")
-            .build()
-            .unwrap();
+        let s3 = server.amazon_s3(&bucket);
         let tier = ObjectTier::s3(&options, "ns").unwrap();
         // One upload of a block's name, one of another object's.
         s3.create_multipart(&tier.location_of(&7u64)).await.unwrap();

@@ -39,17 +39,6 @@ fn watchdog(test: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn s3_options(server: &S3Server, bucket: &str) -> S3Options {
-    S3Options::new(bucket)
-        .endpoint(server.endpoint.clone())
-        .allow_http(true)
-        .credentials("testing", "testing")
-        .region("us-east-1")
-        .request_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(1))
-        .max_retries(1)
-}
-
 /// Store, contains, load and damage detection, the same on every backend.
 async fn round_trip(tier: &ObjectTier) {
     assert!(!tier.contains(&1u64).await.unwrap());
@@ -138,7 +127,7 @@ fn an_s3_tier_on_a_loopback_server_saves_looks_up_and_loads() {
         let server = S3Server::shared_or_start();
         let bucket = unique_bucket("kvtier-s3");
         server.create_bucket(&bucket);
-        let tier = ObjectTier::s3(&s3_options(&server, &bucket), "model-a/rank0").unwrap();
+        let tier = ObjectTier::s3(&server.s3_options(&bucket), "model-a/rank0").unwrap();
         let runtime = runtime();
         runtime.block_on(round_trip(&tier));
 
@@ -185,7 +174,7 @@ fn a_damaged_object_is_found_but_refuses_to_load() {
         let server = S3Server::shared_or_start();
         let bucket = unique_bucket("kvtier-damage");
         server.create_bucket(&bucket);
-        let options = s3_options(&server, &bucket);
+        let options = server.s3_options(&bucket);
         let tier = ObjectTier::s3(&options, "ns").unwrap();
         let runtime = runtime();
         runtime.block_on(async {
@@ -221,7 +210,7 @@ fn when_the_server_stops_mid_run_lookups_become_misses_saves_fail_and_nothing_ha
         let mut server = S3Server::start();
         let bucket = unique_bucket("kvtier-outage");
         server.create_bucket(&bucket);
-        let tier = ObjectTier::s3(&s3_options(&server, &bucket), "ns").unwrap();
+        let tier = ObjectTier::s3(&server.s3_options(&bucket), "ns").unwrap();
         let runtime = runtime();
         runtime.block_on(async {
             for key in 0u64..4 {

@@ -43,17 +43,6 @@ fn pattern(seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn options(server: &S3Server, bucket: &str) -> S3Options {
-    S3Options::new(bucket)
-        .endpoint(server.endpoint.clone())
-        .allow_http(true)
-        .credentials("testing", "testing")
-        .region("us-east-1")
-        .request_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(1))
-        .max_retries(1)
-}
-
 /// One host: its own region and transfers on the shared bucket.
 fn host(options: &S3Options, blocks: usize) -> VllmTransfers {
     let layout = VllmObjectLayout::s3(options, RANK).expect("layout");
@@ -89,7 +78,7 @@ fn a_block_one_host_stores_is_vllms_raw_object_and_another_host_loads_it() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let mut a = host(&options, 4);
     for (block, seed) in [(0, 1), (1, 2), (2, 3)] {
         a.region()
@@ -142,7 +131,7 @@ fn a_block_already_there_is_not_written_again() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let mut a = host(&options, 2);
     a.region().unwrap().write_block(0, &pattern(7)).unwrap();
     assert!(run(&mut a, TransferKind::Store, 1, &[5], &[0]).succeeded());
@@ -159,7 +148,7 @@ fn a_failed_load_keeps_the_blocks_before_its_first_missing_one() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let mut a = host(&options, 4);
     a.region().unwrap().write_block(0, &pattern(1)).unwrap();
     a.region().unwrap().write_block(1, &pattern(2)).unwrap();
@@ -179,7 +168,7 @@ fn with_the_server_gone_jobs_and_lookups_fail_within_their_timeouts() {
     let mut server = S3Server::start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let mut a = host(&options, 4);
     a.region().unwrap().write_block(0, &pattern(1)).unwrap();
     assert!(run(&mut a, TransferKind::Store, 1, &[1], &[0]).succeeded());
@@ -224,7 +213,7 @@ fn a_budget_bounds_the_rank_prefix_and_tells_the_lookups_what_it_evicted() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let mut a = host(&options, 6);
     a.record_changes(true);
     let scan = a.set_budget(budget(3)).unwrap().clone();
@@ -271,7 +260,7 @@ fn hosts_sharing_a_prefix_stay_within_one_budget_through_reconciles() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let (mut a, mut b) = (host(&options, 4), host(&options, 4));
     a.set_budget(budget(4)).unwrap();
     b.set_budget(budget(4)).unwrap();
@@ -311,21 +300,13 @@ fn stale_uploads_of_the_layouts_blocks_are_aborted_and_nothing_else() {
     };
     let bucket = unique_bucket("vllm-uploads");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
     let block = |n: u64| object_store::path::Path::from(vllm_name(n).as_str());
     let foreign = object_store::path::Path::from(format!("{RANK}/notes/upload.txt").as_str());
     runtime().block_on(async {
         use object_store::multipart::MultipartStore;
-        let s3 = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&bucket)
-            .with_endpoint(&server.endpoint)
-            .with_allow_http(true)
-            .with_access_key_id("testing")
-            .with_secret_access_key("testing")
-            .with_region("us-east-1")
-            .build()
-            .unwrap();
+        let s3 = server.amazon_s3(&bucket);
         // Two unfinished uploads: a block's and another object's.
         s3.create_multipart(&block(1)).await.unwrap();
         s3.create_multipart(&foreign).await.unwrap();
@@ -352,7 +333,7 @@ fn a_rescan_interval_reconciles_the_bucket_on_its_own() {
     let server = S3Server::shared_or_start();
     let bucket = unique_bucket("vllm-objects");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     let (mut a, mut b) = (host(&options, 4), host(&options, 4));
     let every = budget(3)
         .with_rescan_interval(Some(Duration::from_millis(50)))
@@ -390,18 +371,10 @@ fn a_start_on_a_bucket_aborts_its_stale_uploads() {
     };
     let bucket = unique_bucket("vllm-uploads");
     server.create_bucket(&bucket);
-    let options = options(&server, &bucket);
+    let options = server.s3_options(&bucket);
     runtime().block_on(async {
         use object_store::multipart::MultipartStore;
-        let s3 = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&bucket)
-            .with_endpoint(&server.endpoint)
-            .with_allow_http(true)
-            .with_access_key_id("testing")
-            .with_secret_access_key("testing")
-            .with_region("us-east-1")
-            .build()
-            .unwrap();
+        let s3 = server.amazon_s3(&bucket);
         let block = object_store::path::Path::from(vllm_name(5).as_str());
         s3.create_multipart(&block).await.unwrap();
     });

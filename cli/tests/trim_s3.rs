@@ -278,15 +278,7 @@ fn trim_aborts_the_layouts_stale_uploads_and_no_other() {
             .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let s3 = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&bucket)
-            .with_endpoint(&server.endpoint)
-            .with_allow_http(true)
-            .with_access_key_id("testing")
-            .with_secret_access_key("testing")
-            .with_region("us-east-1")
-            .build()
-            .unwrap();
+        let s3 = server.amazon_s3(&bucket);
         let block = layout.location_of(&[7, 0xab, 0xcd, 0, 0, 0, 0]).unwrap();
         s3.create_multipart(&block).await.unwrap();
         let other = object_store::path::Path::from(format!("{rank}/notes/x.txt").as_str());

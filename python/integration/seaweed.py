@@ -184,6 +184,19 @@ class Seaweed:
                 return False
         return True
 
+    def store_config(self, bucket: str, **overrides: str) -> dict[str, str]:
+        """vLLM's obj tier's ``store_config`` for ``bucket`` on this server,
+        with the test credentials."""
+        config = {
+            "bucket": bucket,
+            "endpoint_override": self.endpoint.removeprefix("http://"),
+            "access_key": ACCESS_KEY,
+            "secret_key": SECRET_KEY,
+            "scheme": "http",
+        }
+        config.update(overrides)
+        return config
+
     def list_objects(self, bucket: str, prefix: str = "") -> dict[str, int]:
         """Every object below ``prefix`` and its size, listed with plain
         unsigned ListObjectsV2 requests (a client that is not kvtier's;

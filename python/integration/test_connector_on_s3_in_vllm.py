@@ -32,14 +32,12 @@ def server():
 
 
 def store(server: Seaweed, prefix: str, **overrides: Any) -> dict[str, Any]:
-    config = {
-        "bucket": BUCKET,
-        "endpoint_override": server.endpoint.removeprefix("http://"),
-        "access_key": ACCESS_KEY,
-        "secret_key": SECRET_KEY,
+    return {
+        "store_config": server.store_config(BUCKET, **overrides),
+        "prefix": prefix,
+        "request_timeout": 2.0,
+        "max_retries": 1,
     }
-    config.update(overrides)
-    return {"store_config": config, "prefix": prefix, "request_timeout": 2.0, "max_retries": 1}
 
 
 @pytest.mark.parametrize("multi", [None, "offloading"])

@@ -55,15 +55,7 @@ def memory():
 
 
 def store_config(server, **overrides):
-    config = {
-        "bucket": BUCKET,
-        "endpoint_override": server.endpoint.removeprefix("http://"),
-        "access_key": ACCESS_KEY,
-        "secret_key": SECRET_KEY,
-        "scheme": "http",
-    }
-    config.update(overrides)
-    return config
+    return server.store_config(BUCKET, **overrides)
 
 
 def object_tier(server, memory, prefix, spec=None, **settings):

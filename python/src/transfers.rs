@@ -53,6 +53,20 @@ fn region_of(view: &Bound<'_, PyAny>) -> PyResult<PrimaryRegion> {
     region.map_err(tier_error)
 }
 
+/// The load and store threads (each defaults to 16).
+fn threads_of(
+    load_threads: Option<&Bound<'_, PyAny>>,
+    store_threads: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize)> {
+    let threads = |name, value: Option<&Bound<'_, PyAny>>| {
+        value.map_or(Ok(DEFAULT_THREADS), |value| thread_share_of(name, value))
+    };
+    Ok((
+        threads("load_threads", load_threads)?,
+        threads("store_threads", store_threads)?,
+    ))
+}
+
 fn job_id(id: &Bound<'_, PyAny>) -> PyResult<u64> {
     id.extract::<u64>()
         .map_err(|_| config(format!("a transfer job id is an int >= 0, not {id}")))
@@ -132,11 +146,7 @@ impl PyVllmTransfers {
     ) -> PyResult<Self> {
         guard(|| {
             // Settings first: a bad one starts no thread and scans nothing.
-            let threads = |name, value: Option<&Bound<'_, PyAny>>| {
-                value.map_or(Ok(DEFAULT_THREADS), |value| thread_share_of(name, value))
-            };
-            let load_threads = threads("load_threads", load_threads)?;
-            let store_threads = threads("store_threads", store_threads)?;
+            let (load_threads, store_threads) = threads_of(load_threads, store_threads)?;
             let budget = budget_of(
                 Spelling(None),
                 capacity_bytes,
@@ -181,11 +191,7 @@ impl PyVllmTransfers {
         rescan_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
-            let threads = |name, value: Option<&Bound<'_, PyAny>>| {
-                value.map_or(Ok(DEFAULT_THREADS), |value| thread_share_of(name, value))
-            };
-            let load_threads = threads("load_threads", load_threads)?;
-            let store_threads = threads("store_threads", store_threads)?;
+            let (load_threads, store_threads) = threads_of(load_threads, store_threads)?;
             let budget = budget_of(
                 Spelling(None),
                 capacity_bytes,

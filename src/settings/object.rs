@@ -14,6 +14,21 @@ use crate::tier::S3Options;
 /// longer is better recomputed).
 const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A request's timeout: seconds above zero, at most a minute.
+fn request_seconds(name: &str, value: f64) -> Result<Duration, SettingError> {
+    let timeout = seconds(name, value)?;
+    if timeout.is_zero() || timeout > MAX_REQUEST_TIMEOUT {
+        return Err(SettingError::new(
+            name,
+            format!(
+                "is {value}; it must be above 0 and at most {} seconds",
+                MAX_REQUEST_TIMEOUT.as_secs()
+            ),
+        ));
+    }
+    Ok(timeout)
+}
+
 /// A bucket and the prefix below it, with how to reach it.
 ///
 /// ```
@@ -243,34 +258,14 @@ impl ObjectTarget {
     /// The request timeout (seconds, above zero, at most a minute; default
     /// 5 s). Errors name the setting `name`.
     pub fn with_request_timeout(mut self, name: &str, value: f64) -> Result<Self, SettingError> {
-        let timeout = seconds(name, value)?;
-        if timeout.is_zero() || timeout > MAX_REQUEST_TIMEOUT {
-            return Err(SettingError::new(
-                name,
-                format!(
-                    "is {value}; it must be above 0 and at most {} seconds",
-                    MAX_REQUEST_TIMEOUT.as_secs()
-                ),
-            ));
-        }
-        self.options = self.options.request_timeout(timeout);
+        self.options = self.options.request_timeout(request_seconds(name, value)?);
         Ok(self)
     }
 
     /// The connection timeout, as [`with_request_timeout`](Self::with_request_timeout)
     /// (default 2 s).
     pub fn with_connect_timeout(mut self, name: &str, value: f64) -> Result<Self, SettingError> {
-        let timeout = seconds(name, value)?;
-        if timeout.is_zero() || timeout > MAX_REQUEST_TIMEOUT {
-            return Err(SettingError::new(
-                name,
-                format!(
-                    "is {value}; it must be above 0 and at most {} seconds",
-                    MAX_REQUEST_TIMEOUT.as_secs()
-                ),
-            ));
-        }
-        self.options = self.options.connect_timeout(timeout);
+        self.options = self.options.connect_timeout(request_seconds(name, value)?);
         Ok(self)
     }
 

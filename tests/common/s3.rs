@@ -165,6 +165,34 @@ impl S3Server {
         }
     }
 
+    /// Options reaching `bucket` on this server with the test credentials,
+    /// and short timeouts (2 s a request, 1 s to connect, one retry): a
+    /// server stopped mid-test costs seconds, not minutes.
+    pub fn s3_options(&self, bucket: &str) -> kvtier::tier::S3Options {
+        kvtier::tier::S3Options::new(bucket)
+            .endpoint(self.endpoint.clone())
+            .allow_http(true)
+            .credentials(ACCESS_KEY, SECRET_KEY)
+            .region("us-east-1")
+            .request_timeout(std::time::Duration::from_secs(2))
+            .connect_timeout(std::time::Duration::from_secs(1))
+            .max_retries(1)
+    }
+
+    /// object_store's own client of `bucket` on this server, for what the
+    /// tiers never do themselves (start a multipart upload, say).
+    pub fn amazon_s3(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .with_region("us-east-1")
+            .build()
+            .expect("a client of the test server")
+    }
+
     /// Stops the server (only an in-process one); its connections end.
     pub fn stop(&mut self) {
         let Kind::InProcess { stop, thread, .. } = &mut self.kind else {

@@ -60,14 +60,7 @@ def url_form(server: Seaweed) -> dict:
 
 
 def vllm_form(server: Seaweed) -> dict:
-    config = {
-        "bucket": BUCKET,
-        "endpoint_override": server.endpoint.removeprefix("http://"),
-        "access_key": ACCESS_KEY,
-        "secret_key": SECRET_KEY,
-        "scheme": "http",
-    }
-    return {"store_config": config, "prefix": PREFIX, **REQUESTS, **BUDGET}
+    return {"store_config": server.store_config(BUCKET), "prefix": PREFIX, **REQUESTS, **BUDGET}
 
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
