@@ -184,11 +184,12 @@ class Seaweed:
                 return False
         return True
 
-    def store_config(self, bucket: str, **overrides: str) -> dict[str, str]:
-        """vLLM's obj tier's ``store_config`` for ``bucket`` on this server,
-        with the test credentials."""
+    def store_config(self, bucket_name: str, **overrides: str) -> dict[str, str]:
+        """vLLM's obj tier's ``store_config`` for ``bucket_name`` on this
+        server, with the test credentials; ``overrides`` replace entries
+        (``bucket`` too)."""
         config = {
-            "bucket": bucket,
+            "bucket": bucket_name,
             "endpoint_override": self.endpoint.removeprefix("http://"),
             "access_key": ACCESS_KEY,
             "secret_key": SECRET_KEY,
