@@ -313,3 +313,51 @@ fn trim_aborts_the_layouts_stale_uploads_and_no_other() {
         .unwrap();
     assert_eq!(left.found, 0);
 }
+
+/// Without credentials in the environment's variables, the AWS shared
+/// credentials file's profile is used (`AWS_SHARED_CREDENTIALS_FILE`,
+/// `AWS_PROFILE`), as the AWS SDKs do; a wrong secret there is refused by
+/// the server.
+#[test]
+fn credentials_come_from_the_aws_shared_files_profile() {
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("kvtier-profile");
+    server.create_bucket(&bucket);
+    let url = format!("s3://{bucket}/ns?endpoint={}", server.endpoint);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("credentials");
+    std::fs::write(
+        &file,
+        "[default]\naws_access_key_id = nobody\naws_secret_access_key = wrong\n\n\
+         [fleet]\naws_access_key_id = testing\naws_secret_access_key = testing\n",
+    )
+    .unwrap();
+    let run = |profile: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["trim", "--s3", &url, "--json", "--timeout", "5000"])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_ENDPOINT")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env("AWS_SHARED_CREDENTIALS_FILE", &file)
+            .env("AWS_CONFIG_FILE", dir.path().join("no-config"))
+            .env("AWS_PROFILE", profile)
+            .output()
+            .unwrap()
+    };
+    let fleet = run("fleet");
+    assert!(
+        fleet.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fleet.stderr)
+    );
+    let default = run("default");
+    assert_eq!(
+        default.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&default.stderr)
+    );
+}

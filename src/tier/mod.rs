@@ -85,6 +85,8 @@ pub use object::{ObjectSaveTask, ObjectTier, ObjectTierStats};
 #[cfg(object_tier)]
 pub use s3::S3Options;
 #[cfg(object_tier)]
+pub use s3::profile::aws_file_section;
+#[cfg(object_tier)]
 pub use s3::uploads::{StaleUploads, Upload, UploadPage, parse_upload_page};
 pub use save::SaveTask;
 #[cfg(fs_tier)]

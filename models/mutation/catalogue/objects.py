@@ -101,4 +101,17 @@ MUTATIONS = [
           "        if let Err(error) = Ok::<(), TierError>(()) {")],
         TEST + ["-p", "kvtier", "--test", "object_capacity", "a_budgets_start_aborts"],
     ),
+    Mutation(
+        "O18-a-profile-is-its-own-section",
+        "every section of an AWS shared file is read as the profile: another profile's keys are used",
+        [("            inside = name.trim() == section;", "            inside = true;")],
+        TEST + ["-p", "kvtier", "--lib", "tier::s3::profile::tests::a_named_profile_takes_its_sections"],
+    ),
+    Mutation(
+        "O19-the-shared-files-credentials-are-used",
+        "the AWS shared credentials file is read and its keys dropped: a machine configured by it has no credentials",
+        [("    if let (Some(key), Some(secret)) = (&found.access_key_id, &found.secret_access_key) {",
+          "    if let (Some(key), Some(secret), false) = (&found.access_key_id, &found.secret_access_key, true) {")],
+        TEST + ["-p", "kvtier-cli", "--test", "trim_s3", "credentials_come_from_the_aws_shared_files_profile"],
+    ),
 ]

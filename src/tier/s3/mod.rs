@@ -17,6 +17,7 @@ use super::key::check_namespace;
 use checks::{check_bucket, check_credential, check_region, has_credential_source, namespace_of};
 
 mod checks;
+pub(crate) mod profile;
 pub(crate) mod uploads;
 
 pub(crate) use checks::check_endpoint;
@@ -37,7 +38,9 @@ const MAX_RETRIES: usize = 100;
 /// Credentials left `None` are read from the environment
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, or a
 /// web-identity or container credential source), as are region and
-/// endpoint (`AWS_REGION`, `AWS_ENDPOINT`, `AWS_ENDPOINT_URL_S3`). When none
+/// endpoint (`AWS_REGION`, `AWS_ENDPOINT`, `AWS_ENDPOINT_URL_S3`), else from
+/// the AWS shared credentials and config files' profile (`AWS_PROFILE`,
+/// `AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`). When none
 /// is found, building the tier fails with "no credentials found" instead of
 /// asking the cloud instance-metadata address, unless
 /// [`allow_instance_metadata`](Self::allow_instance_metadata) is set.
@@ -473,6 +476,12 @@ impl S3Options {
         if let Some(token) = &self.session_token {
             builder = builder.with_token(token);
         }
+        // No credentials given and none in the environment's variables:
+        // the AWS shared files' profile, as the AWS SDKs read them.
+        let unset = self.access_key_id.is_none() && std::env::var_os("AWS_ACCESS_KEY_ID").is_none();
+        if unset && let Some(found) = profile::environment_profile() {
+            builder = with_profile(builder, &found)?;
+        }
         if !self.allow_instance_metadata && !has_credential_source(&builder) {
             return Err(TierError::Config(format!(
                 "no credentials found (looked in S3Options, AWS_ACCESS_KEY_ID / \
@@ -486,6 +495,38 @@ impl S3Options {
             .build()
             .map_err(|error| TierError::Config(error.to_string()))
     }
+}
+
+/// `builder` with a shared files' profile's credentials, and its region
+/// where the builder has none.
+fn with_profile(
+    mut builder: AmazonS3Builder,
+    found: &profile::Profile,
+) -> Result<AmazonS3Builder, TierError> {
+    // guard: O19-the-shared-files-credentials-are-used
+    if let (Some(key), Some(secret)) = (&found.access_key_id, &found.secret_access_key) {
+        for (name, value) in [
+            ("aws_access_key_id", key),
+            ("aws_secret_access_key", secret),
+        ] {
+            check_credential(name, value).map_err(TierError::Config)?;
+        }
+        builder = builder
+            .with_access_key_id(key)
+            .with_secret_access_key(secret);
+        if let Some(token) = &found.session_token {
+            check_credential("aws_session_token", token).map_err(TierError::Config)?;
+            builder = builder.with_token(token);
+        }
+    }
+    let no_region = builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none();
+    if no_region && let Some(region) = &found.region {
+        check_region(region).map_err(TierError::Config)?;
+        builder = builder.with_region(region);
+    }
+    Ok(builder)
 }
 
 /// The certificates of a PEM bundle file.
