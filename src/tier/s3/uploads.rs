@@ -286,7 +286,8 @@ fn stale_blocks(
     (found, stale)
 }
 
-/// What [`abort_stale`] found and did.
+/// What an abort of stale uploads found and did ([`ObjectTier::abort_stale_uploads`](crate::ObjectTier::abort_stale_uploads),
+/// `VllmObjectLayout::abort_stale_uploads`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StaleUploads {
