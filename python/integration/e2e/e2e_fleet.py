@@ -9,14 +9,16 @@ a real S3 server (SeaweedFS, ``seaweed.py``) through kvtier's
 - host B (vLLM's ``store_config`` and ``prefix``, explicit credentials)
   serves every prompt token from A's objects: 0 computed, the same tokens
   and logprobs as the run without offloading;
-- host D is SIGKILLed while its stores are in flight: no partial object
-  is visible (kvtier writes a block with one PUT); an unfinished multipart
-  upload of a block, as a killed multipart writer leaves, is planted;
+- an unfinished multipart upload of a block's name is planted, as a
+  multipart writer killed mid-upload (vLLM's obj tier through the AWS SDK)
+  leaves one;
 - host C aborts that stale upload at start, and runs while the server is
   stopped for a few seconds between two batches: during the outage its
   lookups turn to misses and its stores fail (reported, counted), the
   prompts are computed with the same outputs; once the server is back, the
   tier serves A's blocks again;
+- host D is SIGKILLed while its stores are in flight: no partial object
+  is visible and no upload left (kvtier writes a block with one PUT);
 - every host has the same byte budget (``capacity_bytes``, below what they
   write together) and reconciles with a listing every second: the
   bucket's bytes (listed objects) stay within it at every sample.
@@ -50,7 +52,8 @@ OUTAGE_SECONDS = 4.0
 #: Request settings of every host: a stopped server costs a lookup group at
 #: most lookup_timeout, a job at most (retries + 1) x request_timeout.
 REQUESTS = {"request_timeout": 2.0, "connect_timeout": 1.0, "max_retries": 1, "lookup_timeout": 1.0}
-#: The fleet's budget: 128 blocks, where A stores 108 and D and C 36 each.
+#: The fleet's budget: 128 blocks, where A stores 108 and C and D 36 each
+#: (C then evicts 16 of A's, D what it adds).
 CAPACITY = 128 * BLOCK_BYTES
 BUDGET = {"capacity_bytes": CAPACITY, "rescan_interval": 1.0}
 
@@ -150,8 +153,9 @@ def hosts(h: "Harness", server: Seaweed) -> None:
         f"{b['seconds'] / h.baseline_seconds:.2f}x the baseline's {h.baseline_seconds:.2f} s computing them "
         f"(host A, one prompt at a time, {a['seconds']:.2f} s computing and storing)"
     )
-    planted = killed(h, server)
+    planted = plant_upload(server)
     outage(h, server, planted)
+    killed(h, server)
 
 
 def fresh_prompts(seed: int) -> list:
@@ -159,10 +163,9 @@ def fresh_prompts(seed: int) -> list:
     return [[rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS)] for _ in range(2)]
 
 
-def killed(h: "Harness", server: Seaweed) -> str:
-    """Host D: new prompts, its stores held 0.5 s each, killed (SIGKILL, its
-    process group) once one of them is in the bucket. Returns the key of
-    the unfinished upload planted afterwards."""
+def killed(h: "Harness", server: Seaweed) -> None:
+    """Host D, last: new prompts, its stores held 0.5 s each, killed
+    (SIGKILL, its process group) once one of them is in the bucket."""
     before = set(server.list_objects(BUCKET, f"{PREFIX}/"))
     settings = h.settings(
         "object", h.work / "fleet-d", object=vllm_form(server), store_delay=0.5, linger=300
@@ -186,24 +189,31 @@ def killed(h: "Harness", server: Seaweed) -> str:
     check(len(added) < 36, f"fleet host D: all its {len(added)} stores landed before the kill")
     partial = {key: size for key, size in objects.items() if size != BLOCK_BYTES}
     check(not partial, f"fleet host D: partial objects visible after the kill: {partial}")
-    # What a multipart writer killed mid-upload leaves: an upload of a
-    # block's key that never completes.
-    sample = next(iter(added))
+    check(not server.list_uploads(BUCKET), "fleet host D: the kill left an unfinished upload")
+    h.notes.append(f"fleet kill: host D killed with {len(added)} of 36 stores landed, no partial object, no upload")
+
+
+def plant_upload(server: Seaweed) -> str:
+    """Starts a multipart upload of a block's name of A's rank prefix and
+    leaves it unfinished (what a multipart writer killed mid-upload leaves).
+    Returns its key."""
+    sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))
     # A block name of the layout: its hash's first five hex digits are the
     # directories'.
     below, fan_out, shard, _ = sample.rsplit("/", 3)
     digits = fan_out + shard.split("_g")[0]
     planted = f"{below}/{fan_out}/{shard}/{digits}{'a' * (32 - len(digits))}.bin"
     server.start_upload(BUCKET, planted)
-    check(server.list_uploads(BUCKET) == [planted], "fleet host D: the planted upload is not listed")
-    h.notes.append(f"fleet kill: host D killed with {len(added)} of 36 stores landed, no partial object")
+    check(server.list_uploads(BUCKET) == [planted], "fleet: the planted upload is not listed")
     return planted
 
 
 def outage(h: "Harness", server: Seaweed, planted: str) -> None:
     """Host C: aborts the planted upload at start; new prompts with the
-    server up, A's prompts 0-1 with it stopped, A's prompts 4-5 (the newest
-    of A's, which the budget keeps longest) once it is back."""
+    server up (their 36 blocks put the prefix 16 over the budget: C evicts
+    A's oldest, prompt 0's), A's prompts 0-1 with it stopped, A's prompts
+    4-5 (the newest of A's, seconds younger than prompt 0's) once it is
+    back."""
     fresh = fresh_prompts(42)
     pause = h.work / "runs" / "fleet-c-pause"
     shutil.rmtree(pause, ignore_errors=True)
