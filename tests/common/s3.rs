@@ -62,7 +62,12 @@ impl S3Server {
         if std::env::var_os("KVTIER_S3_ENDPOINT").is_some() {
             return Some(S3Server::shared_or_start());
         }
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // The workspace's root: the package's own directory, or above it
+        // (the command line's tests include this file from cli/).
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .find(|dir| dir.join("python/integration/seaweed.py").is_file())
+            .expect("the checkout holds python/integration/seaweed.py");
         let installed = std::env::var_os("KVTIER_WEED").is_some()
             || root.join("target/seaweed-venv/bin/weed").exists();
         if !installed {
@@ -213,7 +218,10 @@ impl Drop for S3Server {
             Kind::InProcess { .. } => self.stop(),
             Kind::Seaweed { dir } => {
                 let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("python/integration/seaweed.py");
+                    .ancestors()
+                    .map(|dir| dir.join("python/integration/seaweed.py"))
+                    .find(|script| script.is_file())
+                    .expect("the checkout holds python/integration/seaweed.py");
                 let _ = std::process::Command::new("python3")
                     .arg(script)
                     .arg("stop")
