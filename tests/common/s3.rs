@@ -173,6 +173,7 @@ impl S3Server {
     /// Options reaching `bucket` on this server with the test credentials,
     /// and short timeouts (2 s a request, 1 s to connect, one retry): a
     /// server stopped mid-test costs seconds, not minutes.
+    #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
     pub fn s3_options(&self, bucket: &str) -> kvtier::tier::S3Options {
         kvtier::tier::S3Options::new(bucket)
             .endpoint(self.endpoint.clone())
@@ -186,6 +187,7 @@ impl S3Server {
 
     /// object_store's own client of `bucket` on this server, for what the
     /// tiers never do themselves (start a multipart upload, say).
+    #[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
     pub fn amazon_s3(&self, bucket: &str) -> object_store::aws::AmazonS3 {
         object_store::aws::AmazonS3Builder::new()
             .with_bucket_name(bucket)
