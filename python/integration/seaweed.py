@@ -281,6 +281,29 @@ class Seaweed:
         self.close()
 
 
+def stop_group(pid: int, timeout: float = 20.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL if it is still
+    running after ``timeout`` (a ``weed mini`` whose directory is going away
+    can hang in its shutdown)."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return  # exited; its parent is gone, nobody reaps it
+        except OSError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     """``start DIR [BUCKET...]``: starts a server with its data in DIR (and
     unsigned requests allowed, for the Rust tests' bucket creation), writes
@@ -297,10 +320,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "stop":
         pid_file = directory / "pid"
         if pid_file.exists():
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            stop_group(int(pid_file.read_text()))
         return 0
     server = Seaweed(directory, buckets=argv[2:], anonymous=True).start()
     assert server.process is not None
