@@ -34,13 +34,17 @@ from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-from vllm.v1.kv_offload.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-)
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
+from vllm_support import (
+    STEP_END,
+    context,
+    key,
+    offloading_spec,
+    primary_memory,
+    promote_through_manager,
+    store_through_manager,
+)
 
 BLOCKS, BLOCK_BYTES = 8, 64 * 1024
 
@@ -302,42 +306,12 @@ def test_a_promotion_from_kvtier_goes_through_vllms_tiering_manager(tmp_path, me
     # A first engine stores blocks through its tier manager; a second one,
     # with an empty primary tier, finds them in kvtier's tier and promotes them.
     expected = [memory[0].copy(), memory[1].copy()]
-    first_memory = memory
-    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(first_memory))
-    tier = kvtier_tier(tmp_path, first_memory)
-    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
-    keys, ctx = [key(10), key(11)], context("writer")
-    manager.on_new_request(ctx)
-    stored = manager.prepare_store(keys, ctx)
-    assert stored is not None
-    for block, value in zip(stored.store_spec.chunk_ids, expected):
-        first_memory[block] = value
-    manager.complete_store(keys, ctx)
-    deadline = time.monotonic() + 10
-    while manager.has_pending_work() and time.monotonic() < deadline:
-        manager.on_schedule_end(STEP_END)
-        manager.lookup(key(99), ctx)  # polls the tiers' finished jobs
-        time.sleep(0.001)
-    manager.on_request_finished(ctx)
-    tier.shutdown()
-
+    keys = [key(10), key(11)]
+    store_through_manager(kvtier_tier(tmp_path, memory), memory, keys, expected)
     second_memory = primary_memory(BLOCKS, BLOCK_BYTES)
-    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(second_memory))
     tier = kvtier_tier(tmp_path, second_memory)
-    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
     try:
-        ctx = context("reader")
-        manager.on_new_request(ctx)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            verdicts = [manager.lookup(k, ctx) for k in keys]
-            if verdicts == [LookupResult.HIT, LookupResult.HIT]:
-                break
-            manager.on_schedule_end(STEP_END)
-            time.sleep(0.001)
-        assert verdicts == [LookupResult.HIT, LookupResult.HIT]
-        loaded = manager.prepare_load(keys, ctx)
-        for block, value in zip(loaded.chunk_ids, expected):
+        for block, value in zip(promote_through_manager(tier, second_memory, keys), expected):
             assert (second_memory[block] == value).all(), "the promoted bytes are the stored ones"
     finally:
         tier.shutdown()

@@ -29,13 +29,17 @@ from vllm.v1.kv_offload.base import LookupResult, make_offload_key
 from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-from vllm.v1.kv_offload.tiering.manager import (
-    CPUPrimaryTierOffloadingManager,
-    TieringOffloadingManager,
-)
 
 from seaweed import ACCESS_KEY, SECRET_KEY, Seaweed
-from vllm_support import STEP_END, Region, context, key, offloading_spec, primary_memory
+from vllm_support import (
+    STEP_END,
+    context,
+    key,
+    offloading_spec,
+    primary_memory,
+    promote_through_manager,
+    store_through_manager,
+)
 
 BLOCKS, BLOCK_BYTES = 8, 64 * 1024
 BUCKET = "kvtier-vllm"
@@ -155,42 +159,13 @@ def test_vllms_factory_loads_the_tier_with_vllms_settings_or_a_url(server, memor
 
 def test_one_hosts_stores_are_another_hosts_hits_through_vllms_tier_manager(server, memory):
     expected = [memory[0].copy(), memory[1].copy()]
-    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(memory))
-    tier = object_tier(server, memory, "hosts")
-    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
-    keys, ctx = [key(10), key(11)], context("writer")
-    manager.on_new_request(ctx)
-    stored = manager.prepare_store(keys, ctx)
-    assert stored is not None
-    for block, value in zip(stored.store_spec.chunk_ids, expected):
-        memory[block] = value
-    manager.complete_store(keys, ctx)
-    deadline = time.monotonic() + 20
-    while manager.has_pending_work() and time.monotonic() < deadline:
-        manager.on_schedule_end(STEP_END)
-        manager.lookup(key(99), ctx)  # polls the tiers' finished jobs
-        time.sleep(0.002)
-    manager.on_request_finished(ctx)
-    tier.shutdown()
-
+    keys = [key(10), key(11)]
+    store_through_manager(object_tier(server, memory, "hosts"), memory, keys, expected)
     # Host B: its own memory, its own tier, the same bucket.
     other = primary_memory(BLOCKS, BLOCK_BYTES)
-    primary = CPUPrimaryTierOffloadingManager(num_chunks=BLOCKS, mmap_region=Region(other))
     tier = object_tier(server, other, "hosts")
-    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
     try:
-        ctx = context("reader")
-        manager.on_new_request(ctx)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            verdicts = [manager.lookup(k, ctx) for k in keys]
-            if verdicts == [LookupResult.HIT, LookupResult.HIT]:
-                break
-            manager.on_schedule_end(STEP_END)
-            time.sleep(0.002)
-        assert verdicts == [LookupResult.HIT, LookupResult.HIT]
-        loaded = manager.prepare_load(keys, ctx)
-        for block, value in zip(loaded.chunk_ids, expected):
+        for block, value in zip(promote_through_manager(tier, other, keys), expected):
             assert (other[block] == value).all(), "the promoted bytes are the stored ones"
     finally:
         tier.shutdown()

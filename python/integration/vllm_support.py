@@ -101,3 +101,61 @@ def key(n: int, group: int = 0) -> bytes:
 
 def context(req_id: str) -> ReqContext:
     return ReqContext(req_id=req_id)
+
+
+def store_through_manager(tier, memory: np.ndarray, keys: list, values: list, seconds: float = 20.0) -> None:
+    """One engine: stores ``values`` under ``keys`` through vLLM's
+    ``TieringOffloadingManager`` over ``tier`` (the primary tier on
+    ``memory``) until its cascades are done, then shuts the tier down."""
+    import time
+
+    from vllm.v1.kv_offload.tiering.manager import (
+        CPUPrimaryTierOffloadingManager,
+        TieringOffloadingManager,
+    )
+
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=len(memory), mmap_region=Region(memory))
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    ctx = context("writer")
+    manager.on_new_request(ctx)
+    stored = manager.prepare_store(keys, ctx)
+    assert stored is not None
+    for block, value in zip(stored.store_spec.chunk_ids, values):
+        memory[block] = value
+    manager.complete_store(keys, ctx)
+    deadline = time.monotonic() + seconds
+    while manager.has_pending_work() and time.monotonic() < deadline:
+        manager.on_schedule_end(STEP_END)
+        manager.lookup(key(99), ctx)  # polls the tiers' finished jobs
+        time.sleep(0.001)
+    manager.on_request_finished(ctx)
+    tier.shutdown()
+
+
+def promote_through_manager(tier, memory: np.ndarray, keys: list, seconds: float = 20.0) -> list:
+    """Another engine, its primary tier empty: looks ``keys`` up through
+    vLLM's ``TieringOffloadingManager`` over ``tier`` until they are hits
+    and promotes them; returns the primary blocks they landed in. The
+    caller shuts the tier down."""
+    import time
+
+    from vllm.v1.kv_offload.base import LookupResult
+    from vllm.v1.kv_offload.tiering.manager import (
+        CPUPrimaryTierOffloadingManager,
+        TieringOffloadingManager,
+    )
+
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=len(memory), mmap_region=Region(memory))
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    ctx = context("reader")
+    manager.on_new_request(ctx)
+    hits = [LookupResult.HIT] * len(keys)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        verdicts = [manager.lookup(k, ctx) for k in keys]
+        if verdicts == hits:
+            break
+        manager.on_schedule_end(STEP_END)
+        time.sleep(0.001)
+    assert verdicts == hits
+    return list(manager.prepare_load(keys, ctx).chunk_ids)

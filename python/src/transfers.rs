@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvtier::settings::BudgetConfig;
 use kvtier::tier::{PrimaryRegion, TransferKind, VllmFsLayout, VllmObjectLayout, VllmTransfers};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
@@ -103,6 +104,16 @@ pub(crate) struct PyVllmTransfers {
 }
 
 impl PyVllmTransfers {
+    /// The opened transfers, with their budget if one is set.
+    fn budgeted(mut inner: VllmTransfers, budget: Option<BudgetConfig>) -> PyResult<Self> {
+        if let Some(budget) = budget {
+            inner.set_budget(budget).map_err(tier_error)?;
+        }
+        Ok(Self {
+            inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
+        })
+    }
+
     fn submit(
         &mut self,
         kind: TransferKind,
@@ -156,14 +167,9 @@ impl PyVllmTransfers {
             )?;
             let layout = VllmFsLayout::new(rank_dir).map_err(tier_error)?;
             let region = region_of(primary)?;
-            let mut inner = VllmTransfers::new(layout, region, load_threads, store_threads)
+            let inner = VllmTransfers::new(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
-            if let Some(budget) = budget {
-                inner.set_budget(budget).map_err(tier_error)?;
-            }
-            Ok(Self {
-                inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
-            })
+            Self::budgeted(inner, budget)
         })
     }
 
@@ -204,14 +210,9 @@ impl PyVllmTransfers {
                 .with_max_in_flight(load_threads + store_threads)
                 .map_err(tier_error)?;
             let region = region_of(primary)?;
-            let mut inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
+            let inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
-            if let Some(budget) = budget {
-                inner.set_budget(budget).map_err(tier_error)?;
-            }
-            Ok(Self {
-                inner: Owned::new("VllmTransfers", "the transfers were dropped", inner),
-            })
+            Self::budgeted(inner, budget)
         })
     }
 
