@@ -491,6 +491,29 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         Ok(())
     }
 
+    /// The victim's store could not be reached to delete it: it stays
+    /// resident at the eviction end of the order, where it was, so an
+    /// outage of the store does not reorder the blocks' recency (each
+    /// failed deletion would otherwise send the next-oldest block to the
+    /// back). For a failure of this one block, use
+    /// [`eviction_failed`](Self::eviction_failed).
+    pub fn eviction_deferred(&mut self, victim: Victim<K>) -> Result<(), LedgerError> {
+        self.stats.eviction_failures += 1;
+        if victim.cause == Cause::StartupTrim {
+            return Ok(());
+        }
+        let entry = self.evicting_entry(&victim)?;
+        entry.state = State::Resident {
+            pins: 0,
+            lost: false,
+        };
+        self.evicting_bytes -= victim.bytes;
+        self.evictable_bytes += victim.bytes;
+        // guard: E36-a-deferred-victim-keeps-its-place
+        self.order.insert_cold(&victim.key, victim.bytes);
+        Ok(())
+    }
+
     fn evicting_entry(&mut self, victim: &Victim<K>) -> Result<&mut Entry, LedgerError> {
         match self.entries.get_mut(&victim.key) {
             // guard: E8-a-victim-is-released-once

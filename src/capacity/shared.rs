@@ -101,6 +101,19 @@ impl<K: Clone + Eq + Hash> Victims<K> {
         };
     }
 
+    /// Reports the [`next`](Self::next) victim and every one after it as
+    /// not deleted because the store could not be reached: they stay
+    /// resident where they were in the eviction order (see
+    /// [`CapacityLedger::eviction_deferred`](crate::capacity::CapacityLedger::eviction_deferred)).
+    pub fn defer_rest(&mut self) {
+        let mut ledger = self.ledger.inner.lock();
+        // Popped warmest first: each goes to the eviction end, so the
+        // coldest ends up there again.
+        while let Some(victim) = self.victims.pop() {
+            let _ = ledger.eviction_deferred(victim);
+        }
+    }
+
     /// Victims reported deleted so far.
     pub fn deleted(&self) -> usize {
         self.deleted

@@ -69,7 +69,9 @@ impl ObjectBudget {
             bytes: seeded.resident_bytes,
             ..ScanReport::default()
         };
-        report.trimmed = delete_all(store, ledger.victims(victims), Some(&mut report)).await as u64;
+        report.trimmed = delete_all(store, ledger.victims(victims), Some(&mut report))
+            .await
+            .0 as u64;
         report.elapsed = started.elapsed();
         Ok(Self {
             ledger,
@@ -105,7 +107,9 @@ impl ObjectBudget {
                 found.into_iter().map(|meta| (meta.location, meta.size)),
             )
         });
-        let evicted = delete_all(store, self.ledger.victims(done.victims), None).await as u64;
+        let evicted = delete_all(store, self.ledger.victims(done.victims), None)
+            .await
+            .0 as u64;
         let report = ReconcileReport {
             adopted: done.adopted,
             forgotten: done.forgotten,
@@ -175,7 +179,12 @@ impl ObjectBudget {
                     self.ledger.lose(location);
                 }
                 Reserved::Evict(victims) => {
-                    delete_all(store, victims, None).await;
+                    // An unreachable store: the write would fail too, and
+                    // another round would only try the next victim.
+                    // guard: O20-an-unreachable-store-ends-the-admission
+                    if let (_, Some(error)) = delete_all(store, victims, None).await {
+                        return Err(error);
+                    }
                 }
             }
         }
@@ -194,7 +203,9 @@ impl ObjectBudget {
     /// returns how many were deleted.
     pub(crate) async fn trim(&self, store: &dyn ObjectStore, capacity: u64) -> usize {
         let victims = self.ledger.with(|ledger| ledger.set_capacity(capacity));
-        delete_all(store, self.ledger.victims(victims), None).await
+        delete_all(store, self.ledger.victims(victims), None)
+            .await
+            .0
     }
 }
 
@@ -248,26 +259,46 @@ pub(crate) async fn usage(
 }
 
 /// Deletes every victim (a missing object counts as deleted) and reports
-/// each; returns how many are gone. Dropped mid-way, the rest are reported
-/// as not deleted. A deletion that fails is logged, and counted and named
-/// in `report` when given.
+/// each; returns how many are gone, and the error that stopped it. A
+/// deletion refused for its object alone (permission) is logged, counted
+/// and named in `report` when given, and the victim goes to the back of the
+/// eviction order; any other failure means the store is not answering: that
+/// victim and the rest keep their places and nothing more is tried (an
+/// outage must not reorder the blocks' recency). Dropped mid-way, the rest
+/// are reported as not deleted.
 async fn delete_all(
     store: &dyn ObjectStore,
     mut victims: Victims<ObjectPath>,
     mut report: Option<&mut ScanReport>,
-) -> usize {
+) -> (usize, Option<TierError>) {
     while let Some(location) = victims.next().cloned() {
-        let gone = match store.delete(&location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+        match store.delete(&location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => victims.done(true),
             Err(error) => {
                 tracing::warn!(%location, %error, "an evicted block could not be deleted");
                 if let Some(report) = report.as_deref_mut() {
                     report.failed_to_delete(&location, &error);
                 }
-                false
+                if refused_for_the_object(&error) {
+                    victims.done(false);
+                } else {
+                    victims.defer_rest();
+                    return (
+                        victims.deleted(),
+                        Some(super::objects::store_error("delete", &location, error)),
+                    );
+                }
             }
-        };
-        victims.done(gone);
+        }
     }
-    victims.deleted()
+    (victims.deleted(), None)
+}
+
+/// Whether a failed request was refused for its object (a permission on
+/// the key) rather than because the store did not answer as a store.
+fn refused_for_the_object(error: &object_store::Error) -> bool {
+    matches!(
+        error,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Precondition { .. }
+    )
 }

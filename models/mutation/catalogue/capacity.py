@@ -226,4 +226,11 @@ MUTATIONS = [
           "    name.as_ref().ends_with(\".bin\") || fan_out.as_ref().is_empty() || shard.as_ref().is_empty()")],
         TEST + ["-p", "kvtier", "--features", "object-store", "--test", "object_capacity", "the_scan_counts_and_deletes_only"],
     ),
+    Mutation(
+        "E36-a-deferred-victim-keeps-its-place",
+        "a victim the unreachable store could not delete goes to the back of the eviction order: an outage reorders recency, and the newest blocks go next",
+        [("        self.order.insert_cold(&victim.key, victim.bytes);\n        Ok(())\n    }\n\n    fn evicting_entry",
+          "        self.order.insert(&victim.key, victim.bytes);\n        Ok(())\n    }\n\n    fn evicting_entry")],
+        TEST + ["-p", "kvtier", "--test", "object_outage"],
+    ),
 ]

@@ -114,4 +114,11 @@ MUTATIONS = [
           "    if let (Some(key), Some(secret), false) = (&found.access_key_id, &found.secret_access_key, true) {")],
         TEST + ["-p", "kvtier-cli", "--test", "trim_s3", "credentials_come_from_the_aws_shared_files_profile"],
     ),
+    Mutation(
+        "O20-an-unreachable-store-ends-the-admission",
+        "a store that needs room goes on choosing victims while the store does not answer: every round tries (and rotates) another block, and it fails as busy",
+        [("                    if let (_, Some(error)) = delete_all(store, victims, None).await {",
+          "                    if let (_, Some(error)) = (delete_all(store, victims, None).await.0, None::<TierError>) {")],
+        TEST + ["-p", "kvtier", "--test", "object_outage"],
+    ),
 ]

@@ -4,8 +4,9 @@ a real S3 server (SeaweedFS, ``seaweed.py``) through kvtier's
 ``ObjectTier``.
 
 - host A computes the prompts and stores their blocks (kvtier's ``url``,
-  credentials from the environment); the bucket then holds exactly vLLM's
-  raw blocks, one object each, and no unfinished upload;
+  credentials from the environment), prompts 4-5 a second after 0-3; the
+  bucket then holds exactly vLLM's raw blocks, one object each, and no
+  unfinished upload;
 - host B (vLLM's ``store_config`` and ``prefix``, explicit credentials)
   serves every prompt token from A's objects: 0 computed, the same tokens
   and logprobs as the run without offloading;
@@ -15,7 +16,8 @@ a real S3 server (SeaweedFS, ``seaweed.py``) through kvtier's
 - host C aborts that stale upload at start, and runs while the server is
   stopped for a few seconds between two batches: during the outage its
   lookups turn to misses and its stores fail (reported, counted), the
-  prompts are computed with the same outputs; once the server is back, the
+  prompts are computed with the same outputs, and the budget's recency is
+  not reordered by the deletions that failed; once the server is back, the
   tier serves A's blocks again;
 - host D is SIGKILLed while its stores are in flight: no partial object
   is visible and no upload left (kvtier writes a block with one PUT);
@@ -35,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail, wait_for_group
@@ -86,15 +89,21 @@ class Sampler:
 
     def __init__(self, server: Seaweed) -> None:
         self.server, self.samples, self.largest = server, 0, 0
+        #: Every key seen, in the order it first appeared (a failed check
+        #: names what was gone by the rank at which it was written).
+        self.arrivals: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                total = sum(self.server.list_objects(BUCKET, f"{PREFIX}/").values())
+                listed = self.server.list_objects(BUCKET, f"{PREFIX}/")
+                total = sum(listed.values())
             except OSError:
                 continue  # the server is stopped (the outage)
+            for key in listed:
+                self.arrivals.setdefault(key, len(self.arrivals))
             self.samples += 1
             self.largest = max(self.largest, total)
 
@@ -111,7 +120,7 @@ def run(h: "Harness") -> None:
     server_dir = h.work / "seaweed"
     shutil.rmtree(server_dir, ignore_errors=True)
     with Seaweed(server_dir, buckets=[BUCKET], anonymous=True) as server, Sampler(server) as sampler:
-        hosts(h, server)
+        hosts(h, server, sampler)
     check(
         sampler.largest <= CAPACITY,
         f"fleet budget: the bucket held {sampler.largest} bytes, over the budget of {CAPACITY}",
@@ -121,18 +130,37 @@ def run(h: "Harness") -> None:
     )
 
 
-def hosts(h: "Harness", server: Seaweed) -> None:
+def hosts(h: "Harness", server: Seaweed, sampler: Sampler) -> None:
     blocks = PROMPTS * PROMPT_TOKENS // 32
 
-    # Host A: computes and stores.
-    # One prompt at a time: its blocks are written in prompt order, so the
-    # budget's recency (last modified, at each host's start) ranks the
-    # prompts, and C's evictions take A's first prompts, not the first
-    # blocks of every prompt (which would cost every prompt its prefix).
-    a = h.run(
-        "fleet-a",
-        h.settings("object", h.work / "fleet-a", object=url_form(server), env=CREDENTIALS, max_num_seqs=1),
+    # Host A: computes and stores, prompts 0-3, then 4-5 at least a second
+    # later: the budget's recency at each host's start is the objects' last
+    # modified time, in whole seconds, so C's evictions take blocks of
+    # prompts 0-3 (which C only runs while the server is down), never of
+    # 4-5 (which it loads once the server is back).
+    pause = h.work / "runs" / "fleet-a-pause"
+    shutil.rmtree(pause, ignore_errors=True)
+    pause.mkdir(parents=True)
+    settings = h.settings(
+        "object",
+        h.work / "fleet-a",
+        object=url_form(server),
+        env=CREDENTIALS,
+        pause=str(pause),
+        then=[h.prompts[4:6]],
     )
+    settings["prompts"] = h.prompts[0:4]
+    started = time.monotonic()
+    process, run_dir = h.start("fleet-a", settings)
+    wait_ready(process, run_dir, pause, "phase1")
+    first = 4 * PROMPT_TOKENS // 32
+    deadline = time.monotonic() + 120
+    while len(server.list_objects(BUCKET, f"{PREFIX}/")) < first and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.1)
+    (pause / "phase1").touch()
+    a = h._ended(process, run_dir, started)
+    a["outputs"] = {(str(int(k[2:]) + 4) if k.startswith("1.") else k): v for k, v in a["outputs"].items()}
     h.same_outputs("fleet host A", a["outputs"])
     objects = server.list_objects(BUCKET, f"{PREFIX}/")
     check(len(objects) == blocks, f"fleet host A: {len(objects)} objects in the bucket, {blocks} blocks computed")
@@ -150,11 +178,10 @@ def hosts(h: "Harness", server: Seaweed) -> None:
     check(counts["loaded"] == blocks, f"fleet host B: {counts} (loaded {blocks} expected)")
     h.notes.append(
         f"fleet: host B's generate() {b['seconds']:.2f} s loading every prompt block from the bucket, "
-        f"{b['seconds'] / h.baseline_seconds:.2f}x the baseline's {h.baseline_seconds:.2f} s computing them "
-        f"(host A, one prompt at a time, {a['seconds']:.2f} s computing and storing)"
+        f"{b['seconds'] / h.baseline_seconds:.2f}x the baseline's {h.baseline_seconds:.2f} s computing them"
     )
     planted = plant_upload(server)
-    outage(h, server, planted)
+    outage(h, server, planted, sorted(objects, key=lambda key: sampler.arrivals.get(key, -1)))
     killed(h, server)
 
 
@@ -193,6 +220,19 @@ def killed(h: "Harness", server: Seaweed) -> None:
     h.notes.append(f"fleet kill: host D killed with {len(added)} of 36 stores landed, no partial object, no upload")
 
 
+def wait_ready(process, run_dir: Path, pause: Path, phase: str) -> None:
+    """Waits until the engine is done with the batch before ``phase``
+    (it wrote ``<pause>/<phase>.ready``)."""
+    deadline = time.monotonic() + 600
+    while not (pause / f"{phase}.ready").exists():
+        log = (run_dir / "engine.log").read_text()
+        check(
+            process.poll() is None and time.monotonic() < deadline,
+            f"{run_dir.name}: not ready for {phase}\n{tail(log)}",
+        )
+        time.sleep(0.05)
+
+
 def plant_upload(server: Seaweed) -> str:
     """Starts a multipart upload of a block's name of A's rank prefix and
     leaves it unfinished (what a multipart writer killed mid-upload leaves).
@@ -208,12 +248,12 @@ def plant_upload(server: Seaweed) -> str:
     return planted
 
 
-def outage(h: "Harness", server: Seaweed, planted: str) -> None:
+def outage(h: "Harness", server: Seaweed, planted: str, written: list) -> None:
     """Host C: aborts the planted upload at start; new prompts with the
     server up (their 36 blocks put the prefix 16 over the budget: C evicts
     A's oldest, prompt 0's), A's prompts 0-1 with it stopped, A's prompts
     4-5 (the newest of A's, seconds younger than prompt 0's) once it is
-    back."""
+    back. ``written``: A's objects in the order they appeared."""
     fresh = fresh_prompts(42)
     pause = h.work / "runs" / "fleet-c-pause"
     shutil.rmtree(pause, ignore_errors=True)
@@ -231,26 +271,20 @@ def outage(h: "Harness", server: Seaweed, planted: str) -> None:
     process, run_dir = h.start("fleet-c-outage", settings)
     started = time.monotonic()
 
-    def wait_for(name: str) -> None:
-        deadline = time.monotonic() + 600
-        while not (pause / name).exists():
-            log = (run_dir / "engine.log").read_text()
-            check(process.poll() is None and time.monotonic() < deadline, f"fleet host C: no {name}\n{tail(log)}")
-            time.sleep(0.05)
-
-    wait_for("phase1.ready")
+    wait_ready(process, run_dir, pause, "phase1")
     # The fresh prompts' stores may still be in flight: let them land.
     time.sleep(1.0)
     stored_before = len(server.list_objects(BUCKET, f"{PREFIX}/"))
     server.stop()
     stopped = time.monotonic()
     (pause / "phase1").touch()
-    wait_for("phase2.ready")
+    wait_ready(process, run_dir, pause, "phase2")
     during = time.monotonic() - stopped
     time.sleep(max(0.0, OUTAGE_SECONDS - during))
     server.start()
     # Served again, A's objects too, before the batch that needs them.
     server.wait_serving(BUCKET, next(iter(server.list_objects(BUCKET, f"{PREFIX}/"))))
+    present = server.list_objects(BUCKET, f"{PREFIX}/")
     (pause / "phase2").touch()
     c = h._ended(process, run_dir, started)
     outputs = c["outputs"]
@@ -269,7 +303,10 @@ def outage(h: "Harness", server: Seaweed, planted: str) -> None:
     loaded = m.get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
     check(
         loaded == 2 * PROMPT_TOKENS,
-        f"fleet host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the outage: {m}",
+        f"fleet host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the outage: {m}\n"
+        f"A's objects gone before the batch, by the rank A wrote them at: "
+        f"{[rank for rank, key in enumerate(written) if key not in present]}\n"
+        + "\n".join(line for line in c["log"].splitlines() if "kvtier" in line and "INFO" in line),
     )
     counts = tier_counts("fleet host C", c["log"])
     check(counts["store_failed"] > 0, f"fleet host C: no store failed during the outage: {counts}")

@@ -265,6 +265,16 @@ class NativeTier(SecondaryTierManager):
         if not self._closed:
             stats = self._lookup_manager.native.stats()
             logger.info(
+                "tier %r: lookups answered %d hits and %d misses; %d groups timed out, %d failed, "
+                "%d lookups overdue",
+                self.tier_type,
+                stats["hits"],
+                stats["misses"],
+                stats["timeouts"],
+                stats["backend_errors"],
+                stats["deadline_misses"],
+            )
+            logger.info(
                 "tier %r: the stores and deletions the tier saw settled %d lookups as hits and %d as "
                 "misses; %d blocks failed to load",
                 self.tier_type,
