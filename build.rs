@@ -9,6 +9,8 @@ fn main() {
         tokio_driver: { any(all(feature = "tokio", not(model_checked)), all(kvtier_shuttle, not(kvtier_loom))) },
         fs_tier: { all(feature = "fs", not(model_checked)) },
         object_tier: { all(feature = "object-store", not(model_checked)) },
+        // The fleet's books in Valkey or Redis.
+        fleet_index: { all(feature = "fleet", not(model_checked)) },
         // Code both tiers share.
         tiers: { any(fs_tier, object_tier) },
     }

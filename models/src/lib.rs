@@ -22,6 +22,8 @@
 //!   whose log witnesses S1–S6, and the real halves run against both.
 //! - [`capacity_reference`], [`capacity_lockstep`]: the capacity protocol (reservations, pins,
 //!   eviction) as a specification, and the real ledger in lockstep with it.
+//! - [`fleet_reference`]: the fleet's books (Valkey) as a specification,
+//!   the oracle of the script's differential test.
 //! - [`protocol`]: an abstract model of the protocol, explored exhaustively
 //!   (tests/protocol_model.rs).
 //! - `coherence` (under the model checkers' cfgs): a budgeted tier's
@@ -46,6 +48,7 @@ pub mod checkers;
 pub mod coherence;
 pub mod conformance;
 mod driver_state;
+pub mod fleet_reference;
 pub mod fuzzing;
 pub mod lockstep;
 pub mod protocol;

@@ -63,6 +63,7 @@ macro_rules! identified_by_id {
 }
 #[cfg(fs_tier)]
 pub(crate) use identified_by_id;
+pub mod fleet;
 #[cfg(object_tier)]
 mod s3;
 mod save;
