@@ -6,12 +6,12 @@ import re
 
 #: A mutation edits only the GUARD_WINDOW lines after each of its tags.
 GUARD_WINDOW = 12
-GUARD_TAG = re.compile(r"^[ \t]*(?://|#) guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
+GUARD_TAG = re.compile(r"^[ \t]*(?://|#|--) guard: ([A-Z][A-Za-z0-9-]*)[ \t]*$")
 
 #: Where guard tags live: the library, the CLI, the Python package's native
 #: module (Rust, `// guard:`) and its Python code (`# guard:`).
 GUARDED = ["src", os.path.join("cli", "src"), os.path.join("python", "src"), os.path.join("python", "kvtier")]
-GUARDED_SUFFIXES = (".rs", ".py")
+GUARDED_SUFFIXES = (".rs", ".py", ".lua")
 
 _TAGS = {}
 

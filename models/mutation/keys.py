@@ -84,7 +84,7 @@ def guard_lines(mutation, tree, read):
         text = "\n".join(block)
         if all(old in text for old, _ in mutation.edits if old in "\n".join(window)):
             window = block
-        out.append([l.strip() for l in window if l.strip() and not l.strip().startswith(("//", "#"))])
+        out.append([l.strip() for l in window if l.strip() and not l.strip().startswith(("//", "#", "--"))])
     return out
 
 

@@ -60,7 +60,7 @@ fn is_mutation_id(span: &str) -> bool {
     let mut chars = span.chars();
     matches!(
         chars.next(),
-        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H' | 'K' | 'E' | 'O')
+        Some('L' | 'S' | 'T' | 'F' | 'W' | 'P' | 'V' | 'N' | 'C' | 'H' | 'K' | 'E' | 'O' | 'G')
     ) && span[1..].split_once('-').is_some_and(|(number, rest)| {
         !number.is_empty()
             && number.bytes().all(|b| b.is_ascii_digit())

@@ -98,6 +98,7 @@ end
 local function choose(needed, now)
   local chosen, freed, start = {}, 0, 0
   while freed < needed do
+    -- guard: G1-victims-are-unpinned-least-recent-blocks
     local batch = redis.call('ZRANGE', RECENCY, start, start + 63)
     if #batch == 0 then
       return nil
@@ -168,6 +169,7 @@ if not status then
   return { 'lost' }
 end
 local current = redis.call('HGET', META, 'epoch')
+-- guard: G2-a-caller-of-another-epoch-is-refused
 if current ~= epoch then
   return { 'epoch', current }
 end
@@ -175,6 +177,7 @@ end
 if op == 'rebuild_add' then
   -- ARGV: 3 holder, then key, bytes pairs, oldest first. Blocks that do
   -- not fit are returned to be deleted.
+  -- guard: G3-only-the-lock-holder-rebuilds
   if status ~= 'rebuilding' or redis.call('GET', LOCK) ~= ARGV[3] then
     return { 'not_holder' }
   end
@@ -204,6 +207,7 @@ if op == 'rebuild_end' then
   return { 'ready', current }
 end
 
+-- guard: G10-no-step-while-the-books-are-rebuilt
 if status ~= 'ready' then
   return { 'rebuilding' }
 end
@@ -243,10 +247,12 @@ if op == 'reserve' then
     touch(key)
     return { 'present' }
   end
+  -- guard: G9-one-holder-per-block
   if redis.call('HEXISTS', HELD, key) == 1 then
     return { 'busy' }
   end
   local used = num('committed') + num('held')
+  -- guard: G4-a-reservation-is-granted-only-what-fits
   if used + bytes <= capacity then
     hold(key, 'r', bytes, token, now + lease)
     add('held', bytes)
@@ -265,6 +271,7 @@ if op == 'commit' then
   -- sweeper may have claimed it): the caller deletes its object.
   local key, token = ARGV[3], ARGV[4]
   local entry = held_entry(key)
+  -- guard: G5-a-commit-after-its-lease-is-refused
   if not entry or entry.kind ~= 'r' or entry.token ~= token or entry.deadline <= now then
     add('refused_commits', 1)
     return { 'refused' }
@@ -283,6 +290,7 @@ if op == 'release' then
   local token, released = ARGV[3], 0
   for i = 4, #ARGV do
     local entry = held_entry(ARGV[i])
+    -- guard: G6-only-the-holder-releases
     if entry and entry.token == token then
       unhold(ARGV[i], entry)
       released = released + 1
@@ -298,6 +306,7 @@ if op == 'renew' then
   for i = 5, #ARGV do
     local key = ARGV[i]
     local entry = held_entry(key)
+    -- guard: G7-an-expired-lease-is-not-renewed
     if entry and entry.token == token and entry.deadline > now then
       hold(key, entry.kind, entry.bytes, token, deadline)
       renewed = renewed + 1
@@ -353,6 +362,7 @@ if op == 'claim_expired' then
   -- become the caller's, with a new lease: it deletes each object and
   -- releases the entry. Reply: key, kind, bytes per entry.
   local token, deadline = ARGV[3], now + tonumber(ARGV[4])
+  -- guard: G8-only-expired-entries-are-claimed
   local keys = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
   local reply = { 'claimed' }
   for _, key in ipairs(keys) do

@@ -1,0 +1,78 @@
+"""Issue 43's mutations, appended after issue 42's so that the CI sample
+keeps its members: the fleet's books in Valkey (src/tier/fleet/books.lua),
+each caught by the script's differential test against the reference model
+on a real Valkey (models/tests/fleet_differential.rs; it needs a Valkey:
+KVTIER_VALKEY or target/valkey-venv)."""
+
+from ..defs import TEST, Mutation
+
+DIFFERENTIAL = TEST + ["-p", "kvtier-models", "--test", "fleet_differential"]
+
+MUTATIONS = [
+    Mutation(
+        "G1-victims-are-unpinned-least-recent-blocks",
+        "a reserve that needs room evicts a block a host is reading (its pin ignored)",
+        [("      if pinned == 0 then", "      if pinned >= 0 then")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G2-a-caller-of-another-epoch-is-refused",
+        "a host of the books' previous life reserves, commits and pins in the rebuilt books with its old tokens",
+        [("if current ~= epoch then", "if current ~= epoch and false then")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G3-only-the-lock-holder-rebuilds",
+        "a host that does not hold the rebuild lock adds blocks to the books being rebuilt",
+        [("  if status ~= 'rebuilding' or redis.call('GET', LOCK) ~= ARGV[3] then\n    return { 'not_holder' }\n  end\n  local capacity",
+          "  if status ~= 'rebuilding' then\n    return { 'not_holder' }\n  end\n  local capacity")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G4-a-reservation-is-granted-only-what-fits",
+        "a reservation is granted beyond the capacity: the fleet's bytes exceed the budget",
+        [("  if used + bytes <= capacity then", "  if used <= capacity then")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G5-a-commit-after-its-lease-is-refused",
+        "a commit whose reservation's lease ended (claimed by a sweeper meanwhile) is accepted: the books count an object the sweeper deletes",
+        [("  if not entry or entry.kind ~= 'r' or entry.token ~= token or entry.deadline <= now then",
+          "  if not entry or entry.kind ~= 'r' or entry.token ~= token then")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G6-only-the-holder-releases",
+        "any host releases another's reservation or eviction: its bytes leave the books while its object is written or deleted",
+        [("    if entry and entry.token == token then\n      unhold(ARGV[i], entry)",
+          "    if entry then\n      unhold(ARGV[i], entry)")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G7-an-expired-lease-is-not-renewed",
+        "an expired lease is renewed: a holder presumed dead (and its entry claimed) takes it back",
+        [("    if entry and entry.token == token and entry.deadline > now then",
+          "    if entry and entry.token == token then")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G8-only-expired-entries-are-claimed",
+        "a sweeper claims live reservations and evictions: a store under way loses its reservation",
+        [("  local keys = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))",
+          "  local keys = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', '+inf', 'LIMIT', 0, tonumber(ARGV[5]))")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G9-one-holder-per-block",
+        "a block already reserved (or being evicted) is reserved again: two holders, its bytes counted twice",
+        [("  if redis.call('HEXISTS', HELD, key) == 1 then\n    return { 'busy' }",
+          "  if redis.call('HEXISTS', HELD, key) == 2 then\n    return { 'busy' }")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G10-no-step-while-the-books-are-rebuilt",
+        "lookups, reserves and commits run on books half rebuilt: blocks not yet listed miss, and room is granted from a partial count",
+        [("if status ~= 'ready' then\n  return { 'rebuilding' }", "if false then\n  return { 'rebuilding' }")],
+        DIFFERENTIAL,
+    ),
+]
