@@ -190,7 +190,8 @@ fn mutation_ids(mutants: &str) -> Vec<String> {
 
 /// Every mutation is anchored on a `// guard: <id>` tag in the library (or
 /// the command line's code, the Python package's native module, or
-/// `# guard: <id>` in its Python code), and
+/// `# guard: <id>` in its Python code, `-- guard: <id>` in the fleet
+/// books' Lua script), and
 /// every tag belongs to a mutation: a guard nobody mutates is a claim with
 /// no check behind it, and a mutation without its tag cannot run.
 #[test]
@@ -201,6 +202,8 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
     rust_files(&root.join("cli/src"), &mut files);
     rust_files(&root.join("python/src"), &mut files);
     source_files(&root.join("python/kvtier"), "py", &mut files);
+    // The fleet books' server-side script.
+    source_files(&root.join("src"), "lua", &mut files);
     let mut tags = std::collections::BTreeSet::new();
     for file in &files {
         for line in std::fs::read_to_string(file).unwrap().lines() {
@@ -208,6 +211,7 @@ fn every_guard_tag_has_its_mutation_and_every_mutation_its_tag() {
             if let Some(id) = line
                 .strip_prefix("// guard: ")
                 .or_else(|| line.strip_prefix("# guard: "))
+                .or_else(|| line.strip_prefix("-- guard: "))
             {
                 tags.insert(id.trim().to_owned());
             }
