@@ -159,6 +159,16 @@ pub enum TierError {
         /// What a tier's directory has and this one lacks.
         missing: String,
     },
+    /// The fleet's books (Valkey or Redis, [`tier::fleet`](crate::tier::fleet))
+    /// did not answer, are being rebuilt, or refused the step: nothing was
+    /// written or loaded through them.
+    #[error("fleet index: {op}: {detail}")]
+    Index {
+        /// The step.
+        op: &'static str,
+        /// What happened.
+        detail: String,
+    },
     /// Stored bytes are not a whole, intact block.
     #[error("block {location} is damaged: {kind}")]
     Corrupt {

@@ -82,4 +82,6 @@ pub fn req(id: &str) -> String {
     id.to_owned()
 }
 pub mod fake_s3;
+pub mod outage;
 pub mod s3;
+pub mod valkey;

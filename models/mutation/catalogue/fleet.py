@@ -1,8 +1,9 @@
 """Issue 43's mutations, appended after issue 42's so that the CI sample
 keeps its members: the fleet's books in Valkey (src/tier/fleet/books.lua),
 each caught by the script's differential test against the reference model
-on a real Valkey (models/tests/fleet_differential.rs; it needs a Valkey:
-KVTIER_VALKEY or target/valkey-venv)."""
+on a real Valkey (models/tests/fleet_differential.rs), and a host's side
+(src/tier/fleet/budget.rs), caught by tests/fleet_budget.rs. Both need a
+Valkey: KVTIER_VALKEY or target/valkey-venv."""
 
 from ..defs import TEST, Mutation
 
@@ -74,5 +75,18 @@ MUTATIONS = [
         "lookups, reserves and commits run on books half rebuilt: blocks not yet listed miss, and room is granted from a partial count",
         [("if status ~= 'ready' then\n  return { 'rebuilding' }", "if false then\n  return { 'rebuilding' }")],
         DIFFERENTIAL,
+    ),
+    Mutation(
+        "G11-a-refused-commit-deletes-its-object",
+        "a commit the books refuse (its lease ended, a sweeper settled it) leaves its object: the bucket holds bytes the books do not count",
+        [("                delete_objects(store, std::slice::from_ref(&self.key)).await;\n",
+          "")],
+        TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_dead_writers_space_comes_back_after_its_lease"],
+    ),
+    Mutation(
+        "G12-only-deleted-victims-are-released",
+        "a victim whose object could not be deleted is released: its bytes leave the books while its object stays in the bucket",
+        [("                    self.release(&deleted).await?;", "                    self.release(&keys).await?;")],
+        TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_victim_whose_object_stays"],
     ),
 ]

@@ -6,13 +6,24 @@
 //! - [`ops`]: the operations and their replies, apart from any client
 //!   library (the reference model in models/ answers the same ones).
 //! - `books` (feature `fleet`): the client on redis-rs.
+//! - `budget` (feature `fleet`): a host's side: room, commits, pins,
+//!   lookups, leases renewed, hits touched, expired entries swept, lost
+//!   books rebuilt from a listing.
 //!
 //! docs/design.md, "The fleet's books in Valkey", states the protocol.
 
 #[cfg(fleet_index)]
 mod books;
+#[cfg(fleet_index)]
+mod budget;
 pub mod ops;
+#[cfg(fleet_index)]
+mod upkeep;
 
 #[cfg(fleet_index)]
 pub use books::{BOOKS_SCRIPT, FleetBooks, FleetError, IndexTimeouts, books_keys};
+#[cfg(fleet_index)]
+pub use budget::{Admission, FleetBudget, FleetPin, FleetWrite};
 pub use ops::{BadReply, BooksStatus, Frame, HeldKind, Op, Reply};
+#[cfg(fleet_index)]
+pub use upkeep::Maintained;

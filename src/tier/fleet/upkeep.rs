@@ -1,0 +1,168 @@
+//! A host's upkeep of the fleet's books: leases renewed, hits touched,
+//! expired entries settled, lost books rebuilt from a listing.
+
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+
+use super::budget::{FleetBudget, delete_objects, index_error, random_bits};
+use super::ops::{HeldKind, Op, Reply};
+use crate::tier::error::TierError;
+
+/// Blocks per `rebuild_add` call.
+const REBUILD_BATCH: usize = 512;
+/// Expired entries one sweep claims.
+const SWEEP_BATCH: u64 = 64;
+
+impl FleetBudget {
+    /// The periodic work, every third of a lease: attaches (rebuilding
+    /// lost books from a listing of `prefix`, `classify` choosing the
+    /// layout's blocks), renews this host's leases, touches the hits noted
+    /// since the last call, and settles expired entries (deletes their
+    /// objects, releases them). Returns what it did.
+    pub async fn maintain(
+        &self,
+        store: &dyn ObjectStore,
+        prefix: &ObjectPath,
+        classify: impl Fn(&ObjectPath) -> bool,
+    ) -> Result<Maintained, TierError> {
+        let mut done = Maintained::default();
+        if self.epoch().is_none() {
+            match self.attach().await? {
+                Reply::Lost | Reply::Status(_) if self.epoch().is_none() => {
+                    done.rebuilt = self.rebuild(store, prefix, &classify).await?;
+                    if !done.rebuilt {
+                        return Ok(done);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let keys: Vec<String> = self.inner.held.lock().keys().cloned().collect();
+        if !keys.is_empty() {
+            let op = Op::Renew {
+                token: self.inner.token.clone(),
+                lease_ms: self.lease_ms(),
+                keys,
+            };
+            if let Reply::Renewed(n) = self.step(&op).await? {
+                done.renewed = n;
+            }
+        }
+        let touches = std::mem::take(&mut *self.inner.touches.lock());
+        if !touches.is_empty()
+            && let Reply::Touched(n) = self.step(&Op::Touch { keys: touches }).await?
+        {
+            done.touched = n;
+        }
+        let op = Op::ClaimExpired {
+            token: self.inner.token.clone(),
+            lease_ms: self.lease_ms(),
+            limit: SWEEP_BATCH,
+        };
+        if let Reply::Claimed(claimed) = self.step(&op).await? {
+            let keys: Vec<String> = claimed.iter().map(|(key, _, _)| key.clone()).collect();
+            for key in &keys {
+                self.hold(key);
+            }
+            let deleted = delete_objects(store, &keys).await;
+            done.settled = deleted.len() as u64;
+            done.claimed_reservations = claimed
+                .iter()
+                .filter(|(_, kind, _)| *kind == HeldKind::Reserved)
+                .count() as u64;
+            self.release(&deleted).await?;
+        }
+        Ok(done)
+    }
+
+    /// Rebuilds lost books from a listing if this host gets the lock:
+    /// blocks oldest first, those that do not fit deleted. False when
+    /// another host rebuilds (or the books are ready again).
+    async fn rebuild(
+        &self,
+        store: &dyn ObjectStore,
+        prefix: &ObjectPath,
+        classify: &impl Fn(&ObjectPath) -> bool,
+    ) -> Result<bool, TierError> {
+        let epoch = format!("e{:016x}", random_bits());
+        let holder = self.inner.token.clone();
+        let begin = Op::BeginRebuild {
+            holder: holder.clone(),
+            // The lock outlives a listing of a large prefix; a holder that
+            // dies holds the fleet's stores off for this long.
+            lease_ms: self.lease_ms().saturating_mul(4),
+            epoch: epoch.clone(),
+            capacity: self.inner.capacity,
+        };
+        let reply = self
+            .inner
+            .books
+            .call("", &begin)
+            .await
+            .map_err(|error| index_error("begin_rebuild", error))?;
+        match reply {
+            Reply::Rebuild(_) => {}
+            Reply::Ready(epoch) => {
+                self.adopt(Some(epoch));
+                return Ok(false);
+            }
+            _ => return Ok(false),
+        }
+        let mut found = Vec::new();
+        let mut listing = store.list(Some(prefix));
+        use futures_util::StreamExt;
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|error| TierError::Store {
+                op: "list",
+                location: prefix.to_string(),
+                source: Box::new(error),
+            })?;
+            if classify(&meta.location) {
+                found.push(meta);
+            }
+        }
+        // Oldest first: the newest end up the most recent.
+        found.sort_by(|a, b| (a.last_modified, &a.location).cmp(&(b.last_modified, &b.location)));
+        let mut left = Vec::new();
+        for batch in found.chunks(REBUILD_BATCH) {
+            let op = Op::RebuildAdd {
+                holder: holder.clone(),
+                blocks: batch
+                    .iter()
+                    .map(|meta| (meta.location.to_string(), meta.size))
+                    .collect(),
+            };
+            match self.inner.books.call(&epoch, &op).await {
+                Ok(Reply::Added(rest)) => left.extend(rest),
+                Ok(_) => return Ok(false),
+                Err(error) => return Err(index_error("rebuild_add", error)),
+            }
+        }
+        // What did not fit goes before the books open.
+        delete_objects(store, &left).await;
+        let end = Op::RebuildEnd { holder };
+        match self.inner.books.call(&epoch, &end).await {
+            Ok(Reply::Ready(epoch)) => {
+                self.adopt(Some(epoch));
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(error) => Err(index_error("rebuild_end", error)),
+        }
+    }
+}
+
+/// What one [`FleetBudget::maintain`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Maintained {
+    /// This host rebuilt lost books.
+    pub rebuilt: bool,
+    /// Leases renewed.
+    pub renewed: u64,
+    /// Committed blocks touched.
+    pub touched: u64,
+    /// Expired entries whose objects were deleted and released.
+    pub settled: u64,
+    /// Of those, reservations (a writer died or stalled).
+    pub claimed_reservations: u64,
+}
