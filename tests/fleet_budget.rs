@@ -230,7 +230,8 @@ fn lost_books_are_rebuilt_from_a_listing() {
 
 #[test]
 fn a_victim_whose_object_stays_keeps_its_bytes_counted() {
-    let Some(server) = ValkeyServer::start("a_victim_whose_object_stays_keeps_its_bytes_counted") else {
+    let Some(server) = ValkeyServer::start("a_victim_whose_object_stays_keeps_its_bytes_counted")
+    else {
         return;
     };
     runtime().block_on(async {

@@ -5,7 +5,8 @@
 //! an eviction policy, the stale-temporary-file age and the rescan
 //! interval), a duration ([`seconds`], [`duration`]), a thread count
 //! ([`thread_count`]), a byte size ([`parse_bytes`]) and (feature
-//! `object-store`) a bucket and prefix ([`ObjectTarget`]). Each tier takes
+//! `object-store`) a bucket and prefix ([`ObjectTarget`]), and the fleet's
+//! books ([`IndexConfig`]). Each tier takes
 //! them the same way (`FsOptions::budget`, `ObjectTier::with_budget`,
 //! `VllmTransfers::set_budget`), and the Python bindings build them with
 //! these same functions, naming the setting as the caller wrote it (a
@@ -27,12 +28,14 @@
 
 mod budget;
 mod error;
+mod index;
 #[cfg(object_tier)]
 mod object;
 mod values;
 
 pub use budget::BudgetConfig;
 pub use error::SettingError;
+pub use index::IndexConfig;
 #[cfg(object_tier)]
 pub use object::{ObjectTarget, ReachFault};
 pub use values::{

@@ -229,7 +229,11 @@ async fn list_blocks(
 /// Whether `location` is a block the tier stores below `prefix`:
 /// `<prefix>/<xxx>/<yy>/<hex>.bin` as kvtier's layout names it, not any
 /// object whose name ends in `.bin`.
-fn is_block_below(prefix: &ObjectPath, location: &ObjectPath, classify: Classify) -> bool {
+pub(crate) fn is_block_below(
+    prefix: &ObjectPath,
+    location: &ObjectPath,
+    classify: Classify,
+) -> bool {
     let Some(mut parts) = location.prefix_match(prefix) else {
         return false;
     };

@@ -116,4 +116,3 @@ impl ObjectStore for Outage {
         self.inner.copy_opts(from, to, options).await
     }
 }
-

@@ -89,4 +89,16 @@ MUTATIONS = [
         [("                    self.release(&deleted).await?;", "                    self.release(&keys).await?;")],
         TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_victim_whose_object_stays"],
     ),
+    Mutation(
+        "G13-the-index-url-is-checked",
+        "an index URL of another scheme (http://) is taken: the client fails later, far from the setting",
+        [("        if !SCHEMES.contains(&scheme) {", "        if SCHEMES.is_empty() {")],
+        TEST + ["-p", "kvtier", "--lib", "settings::index::tests::urls_are_checked"],
+    ),
+    Mutation(
+        "G16-the-books-are-kept-up-on-a-task",
+        "the fleet's books are kept up only on demand: leases lapse, hits are never touched, and books lost in a restart stay lost",
+        [("                tokio::time::sleep(every).await;\n", "                tokio::time::sleep(every).await;\n                if every > std::time::Duration::ZERO {\n                    return;\n                }\n")],
+        TEST + ["-p", "kvtier", "--test", "vllm_fleet", "a_restarted_index_is_rebuilt"],
+    ),
 ]

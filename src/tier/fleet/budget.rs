@@ -283,6 +283,33 @@ impl FleetBudget {
         }
     }
 
+    /// A new capacity for the whole fleet: the books evict what no longer
+    /// fits (as many unpinned blocks as need be), this host deletes their
+    /// objects and releases them. Returns how many were deleted.
+    pub async fn set_capacity(
+        &self,
+        store: &dyn ObjectStore,
+        capacity: u64,
+    ) -> Result<usize, TierError> {
+        let op = Op::SetCapacity {
+            capacity,
+            token: self.inner.token.clone(),
+            lease_ms: self.lease_ms(),
+        };
+        match self.step(&op).await? {
+            Reply::Evict(victims) => {
+                let keys: Vec<String> = victims.into_iter().map(|(key, _)| key).collect();
+                for key in &keys {
+                    self.hold(key);
+                }
+                let deleted = delete_objects(store, &keys).await;
+                self.release(&deleted).await?;
+                Ok(deleted.len())
+            }
+            other => Err(unexpected("set_capacity", &other)),
+        }
+    }
+
     /// The object at `location` was found missing: it leaves the books.
     pub async fn forget(&self, location: &ObjectPath) -> Result<(), TierError> {
         self.step(&Op::Forget {

@@ -26,15 +26,13 @@ impl FleetBudget {
         classify: impl Fn(&ObjectPath) -> bool,
     ) -> Result<Maintained, TierError> {
         let mut done = Maintained::default();
+        // The books' state first, every round: a restart or a flush since
+        // the last one shows here, before any step is taken on them.
+        self.attach().await?;
         if self.epoch().is_none() {
-            match self.attach().await? {
-                Reply::Lost | Reply::Status(_) if self.epoch().is_none() => {
-                    done.rebuilt = self.rebuild(store, prefix, &classify).await?;
-                    if !done.rebuilt {
-                        return Ok(done);
-                    }
-                }
-                _ => {}
+            done.rebuilt = self.rebuild(store, prefix, &classify).await?;
+            if !done.rebuilt {
+                return Ok(done);
             }
         }
         let keys: Vec<String> = self.inner.held.lock().keys().cloned().collect();

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::home::BucketBudget;
 use crate::tier::budget::DirBudget;
 use crate::tier::error::ScanReport;
 use crate::tier::rescan::Rescanner;
@@ -17,6 +18,9 @@ pub(crate) enum Books {
     Dir(DirBudget),
     #[cfg(object_tier)]
     Objects(Arc<ObjectBudget>),
+    /// The fleet's books in Valkey (a bucket's, shared by every host).
+    #[cfg(fleet_index)]
+    Fleet(crate::tier::fleet::FleetBudget),
 }
 
 impl Books {
@@ -25,6 +29,9 @@ impl Books {
             Self::Dir(dir) => dir.stats(),
             #[cfg(object_tier)]
             Self::Objects(objects) => objects.stats(),
+            // The fleet's figures are the books' (`VllmTransfers::capacity_stats`).
+            #[cfg(fleet_index)]
+            Self::Fleet(_) => crate::capacity::CapacityStats::default(),
         }
     }
 
@@ -33,6 +40,8 @@ impl Books {
             Self::Dir(dir) => dir.record_changes(on),
             #[cfg(object_tier)]
             Self::Objects(objects) => objects.record_changes(on),
+            #[cfg(fleet_index)]
+            Self::Fleet(_) => {}
         }
     }
 
@@ -42,15 +51,19 @@ impl Books {
             Self::Dir(dir) => Some(dir),
             #[cfg(object_tier)]
             Self::Objects(_) => None,
+            #[cfg(fleet_index)]
+            Self::Fleet(_) => None,
         }
     }
 
     /// The bucket's budget (`None` on a directory).
-    #[cfg(object_tier)]
-    pub(crate) fn objects(&self) -> Option<&ObjectBudget> {
+    pub(crate) fn bucket(&self) -> Option<BucketBudget<'_>> {
         match self {
             Self::Dir(_) => None,
-            Self::Objects(objects) => Some(objects),
+            #[cfg(object_tier)]
+            Self::Objects(objects) => Some(BucketBudget::Ledger(objects)),
+            #[cfg(fleet_index)]
+            Self::Fleet(fleet) => Some(BucketBudget::Fleet(fleet)),
         }
     }
 }

@@ -35,6 +35,7 @@ use crate::capacity::Policy;
 use crate::tier::error::ScanReport;
 use std::time::Duration;
 
+use super::bucket_budget::BucketBudget;
 use crate::settings::{ObjectTarget, ReachFault, SettingError};
 use crate::sync::Arc;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +79,9 @@ pub struct VllmObjectLayout {
     counters: Arc<Counters>,
     /// Multipart uploads' requests (on S3 only).
     uploads: Option<Arc<Uploads>>,
+    /// The fleet's books, which answer the lookups instead of `HEAD`s.
+    #[cfg(fleet_index)]
+    pub(super) index: Option<crate::tier::fleet::FleetBudget>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +112,8 @@ impl VllmObjectLayout {
             requests: Arc::new(Semaphore::new(DEFAULT_IN_FLIGHT)),
             counters: Arc::default(),
             uploads: None,
+            #[cfg(fleet_index)]
+            index: None,
         })
     }
 
@@ -282,7 +288,7 @@ impl VllmObjectLayout {
 
     /// A slot for one request; `None` only if the semaphore were closed,
     /// which this layout never does.
-    async fn permit(&self) -> Option<SemaphorePermit<'_>> {
+    pub(super) async fn permit(&self) -> Option<SemaphorePermit<'_>> {
         self.requests.acquire().await.ok()
     }
 
@@ -304,8 +310,14 @@ impl VllmObjectLayout {
         &self,
         key: &[u8],
         block: &[u8],
-        budget: Option<&ObjectBudget>,
+        budget: Option<BucketBudget<'_>>,
     ) -> Result<Stored, TierError> {
+        let budget = match budget {
+            None => None,
+            Some(BucketBudget::Ledger(ledger)) => Some(ledger),
+            #[cfg(fleet_index)]
+            Some(BucketBudget::Fleet(fleet)) => return self.store_indexed(key, block, fleet).await,
+        };
         let location = self.location_of(key)?;
         // guard: O9-bucket-stores-get-room-before-they-write
         let room = match budget {
@@ -347,8 +359,14 @@ impl VllmObjectLayout {
         &self,
         key: &[u8],
         into: &mut [u8],
-        budget: Option<&ObjectBudget>,
+        budget: Option<BucketBudget<'_>>,
     ) -> Result<(), TierError> {
+        let budget = match budget {
+            None => None,
+            Some(BucketBudget::Ledger(ledger)) => Some(ledger),
+            #[cfg(fleet_index)]
+            Some(BucketBudget::Fleet(fleet)) => return self.load_indexed(key, into, fleet).await,
+        };
         let location = self.location_of(key)?;
         let pin = budget.and_then(|budget| budget.pin(&location));
         let loaded = self.load_object(&location, into).await;
@@ -359,7 +377,11 @@ impl VllmObjectLayout {
         loaded
     }
 
-    async fn load_object(&self, location: &ObjectPath, into: &mut [u8]) -> Result<(), TierError> {
+    pub(super) async fn load_object(
+        &self,
+        location: &ObjectPath,
+        into: &mut [u8],
+    ) -> Result<(), TierError> {
         let _permit = self.permit().await;
         let got = self
             .store
@@ -423,6 +445,10 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
+        #[cfg(fleet_index)]
+        if let Some(index) = &self.index {
+            return self.lookup_indexed(keys, index).await;
+        }
         // Up to HEADS_IN_FLIGHT heads at once, polled inside this group's
         // future (no task per key), each under a request slot.
         let store = &*self.store;

@@ -32,24 +32,8 @@ impl VllmTransfers {
     /// A capacity smaller than one block (every store would fail) is
     /// refused. Call it once, before the first job.
     pub fn set_budget(&mut self, config: BudgetConfig) -> Result<&ScanReport, TierError> {
-        if self.budget.is_some() {
-            return Err(TierError::Config(
-                "the transfers have a byte budget already".into(),
-            ));
-        }
-        if self.region().is_none() {
-            return Err(TierError::Config("the transfers are shut down".into()));
-        }
+        self.check_new_budget(config.capacity().get())?;
         let capacity = config.capacity().get();
-        let block = self.shape().1 as u64;
-        // guard: H10-a-budget-holds-a-block
-        if capacity < block {
-            return Err(SettingError::new(
-                "capacity_bytes",
-                format!("is {capacity}; it must hold at least one block ({block} bytes)"),
-            )
-            .into());
-        }
         let budget = match &self.home {
             Home::Dir(layout) => {
                 let rank_dir = layout.rank_dir();
@@ -93,9 +77,39 @@ impl VllmTransfers {
         Ok(&self.budget.insert(budget).scan)
     }
 
-    /// The byte budget's counters and gauges (`None` without one).
+    /// Whether a budget of `capacity` bytes may be set: none yet, the
+    /// transfers running, and room for one block at least.
+    pub(super) fn check_new_budget(&self, capacity: u64) -> Result<(), TierError> {
+        if self.budget.is_some() {
+            return Err(TierError::Config(
+                "the transfers have a byte budget already".into(),
+            ));
+        }
+        if self.region().is_none() {
+            return Err(TierError::Config("the transfers are shut down".into()));
+        }
+        let block = self.shape().1 as u64;
+        // guard: H10-a-budget-holds-a-block
+        if capacity < block {
+            return Err(SettingError::new(
+                "capacity_bytes",
+                format!("is {capacity}; it must hold at least one block ({block} bytes)"),
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The byte budget's counters and gauges (`None` without one); with
+    /// the fleet's books, their capacity, committed and held bytes and
+    /// entries (asked of the server; nothing when it does not answer).
     pub fn capacity_stats(&self) -> Option<CapacityStats> {
-        self.budget.as_ref().map(|budget| budget.books.stats())
+        let budget = self.budget.as_ref()?;
+        #[cfg(fleet_index)]
+        if let (Books::Fleet(fleet), Home::Bucket(bucket)) = (&budget.books, &self.home) {
+            return bucket.run(super::fleet::stats(fleet));
+        }
+        Some(budget.books.stats())
     }
 
     /// What the budget's startup scan found (`None` without one).
@@ -113,8 +127,12 @@ impl VllmTransfers {
             (Books::Objects(objects), Home::Bucket(bucket)) => {
                 Ok(bucket.run(objects.trim(&**bucket.layout.store(), capacity)))
             }
+            #[cfg(fleet_index)]
+            (Books::Fleet(fleet), Home::Bucket(bucket)) => {
+                bucket.run(super::fleet::trim(fleet, bucket, capacity))
+            }
             #[cfg(object_tier)]
-            (Books::Objects(_), Home::Dir(_)) => unreachable!("a bucket's budget has a bucket"),
+            (_, Home::Dir(_)) => unreachable!("a bucket's budget has a bucket"),
         }
     }
 
@@ -137,8 +155,12 @@ impl VllmTransfers {
                 let prefix = ObjectPath::from(bucket.layout.rank_prefix());
                 bucket.run(objects.reconcile(&**bucket.layout.store(), &prefix))
             }
+            #[cfg(fleet_index)]
+            (Books::Fleet(fleet), Home::Bucket(bucket)) => {
+                bucket.run(super::fleet::upkeep(fleet, bucket))
+            }
             #[cfg(object_tier)]
-            (Books::Objects(_), Home::Dir(_)) => unreachable!("a bucket's budget has a bucket"),
+            (_, Home::Dir(_)) => unreachable!("a bucket's budget has a bucket"),
         }
     }
 

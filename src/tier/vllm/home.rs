@@ -13,10 +13,14 @@ use crate::tier::error::TierError;
 
 /// A bucket's budget, as the home's stores and loads take it.
 #[cfg(object_tier)]
-pub(super) type BucketBudget = crate::tier::object_budget::ObjectBudget;
+pub(super) use super::bucket_budget::BucketBudget;
 /// No bucket without the object store.
 #[cfg(not(object_tier))]
-pub(super) enum BucketBudget {}
+#[derive(Clone, Copy)]
+pub(super) enum BucketBudget<'a> {
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
 
 /// A rank directory or a rank prefix.
 #[derive(Clone, Debug)]
@@ -120,7 +124,7 @@ impl Home {
         &self,
         key: &[u8],
         block: &[u8],
-        budget: Option<&BucketBudget>,
+        budget: Option<BucketBudget<'_>>,
     ) -> Result<Stored, TierError> {
         match self {
             Self::Dir(layout) => store_block(&layout.path_of(key)?, block),
@@ -135,7 +139,7 @@ impl Home {
         &self,
         key: &[u8],
         into: &mut [u8],
-        budget: Option<&BucketBudget>,
+        budget: Option<BucketBudget<'_>>,
     ) -> Result<(), TierError> {
         match self {
             Self::Dir(layout) => load_block(&layout.path_of(key)?, into),

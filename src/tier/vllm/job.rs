@@ -104,10 +104,7 @@ pub(super) fn transfer(
 ) -> Result<(), TierError> {
     // A directory's budget is kept here; a bucket's, by the home.
     let budget = books.and_then(Books::dir);
-    #[cfg(object_tier)]
-    let objects = books.and_then(Books::objects);
-    #[cfg(not(object_tier))]
-    let objects = None;
+    let objects = books.and_then(Books::bucket);
     for (i, key) in job.keys.iter().enumerate() {
         let budgeted = match (budget, home) {
             (Some(budget), Home::Dir(layout)) => Some((budget, layout.path_of(key)?)),

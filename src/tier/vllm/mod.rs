@@ -16,8 +16,14 @@ mod blocks;
 mod books;
 #[cfg(object_tier)]
 mod bucket;
+#[cfg(object_tier)]
+mod bucket_budget;
+#[cfg(fleet_index)]
+mod bucket_fleet;
 mod budgeted;
 mod changes;
+#[cfg(fleet_index)]
+mod fleet;
 mod home;
 mod job;
 mod layout;
