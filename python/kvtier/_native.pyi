@@ -68,6 +68,7 @@ class Lookup:
         target: ObjectTarget,
         rank_prefix: str,
         *,
+        transfers: Optional[VllmTransfers] = None,
         concurrency: int = 4,
         group_timeout: Optional[float] = 2.0,
         shutdown_grace: float = 1.0,
@@ -188,6 +189,8 @@ class VllmTransfers:
         capacity_bytes: Optional[int] = None,
         eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
+        index: Optional[str] = None,
+        index_lease: Optional[float] = None,
     ) -> VllmTransfers: ...
     def capacity_stats(self) -> Optional[dict[str, int]]: ...
     def scan_report(self) -> Optional[dict[str, float]]: ...

@@ -12,7 +12,7 @@ use pyo3::types::PyDict;
 use crate::errors::config;
 use crate::objects::{PyObjectTarget, TARGET_SETTINGS, target_of};
 use crate::settings::{
-    Spelling, budget_of, count_of, groups_of, seconds_of, thread_share_of, threads_of,
+    Spelling, budget_of, count_of, groups_of, index_of, seconds_of, thread_share_of, threads_of,
 };
 
 /// The kind of each setting `check_settings` knows.
@@ -27,6 +27,8 @@ enum Kind {
     /// `url`, `store_config`, `prefix` and the requests' timeouts and
     /// retries: an object store (`objects.rs`).
     Target,
+    /// `index` and `index_lease`: the fleet's books.
+    Index,
 }
 
 fn kind(name: &str) -> Option<Kind> {
@@ -40,6 +42,7 @@ fn kind(name: &str) -> Option<Kind> {
         "lookup_concurrency" | "concurrency" => Kind::Groups,
         "staging_bytes" => Kind::RegionBytes,
         "capacity_bytes" | "eviction_policy" | "stale_temp_age" | "rescan_interval" => Kind::Budget,
+        "index" | "index_lease" => Kind::Index,
         name if TARGET_SETTINGS.contains(&name) => Kind::Target,
         _ => return None,
     })
@@ -69,7 +72,7 @@ pub(crate) fn check_settings<'py>(
             None => {
                 return Err(config(format!("{spelled} is not a setting kvtier knows")));
             }
-            Some(Kind::Budget | Kind::Target) => {}
+            Some(Kind::Budget | Kind::Target | Kind::Index) => {}
             Some(Kind::Seconds) => {
                 out.set_item(&name, seconds_of(&spelled, &value)?.as_secs_f64())?
             }
@@ -86,13 +89,44 @@ pub(crate) fn check_settings<'py>(
         }
     }
     // guard: O5-the-object-store-settings-pass-the-door
-    if let Some(target) = target_of(spelling, values)? {
+    let target = target_of(spelling, values)?;
+    let has_target = target.is_some();
+    if let Some(target) = target {
         out.set_item(
             "object_target",
             Bound::new(py, PyObjectTarget { inner: target })?,
         )?;
     }
     let item = |name: &str| values.get_item(name);
+    let index = index_of(
+        spelling,
+        item("index")?.as_ref(),
+        item("index_lease")?.as_ref(),
+    )?;
+    if let Some(index) = &index {
+        // guard: G17-an-index-needs-a-bucket-and-a-capacity
+        let capacity = item("capacity_bytes")?.filter(|value| !value.is_none());
+        let mut missing = Vec::new();
+        if !has_target {
+            missing.push(format!(
+                "{} or {}",
+                spelling.of("url"),
+                spelling.of("store_config")
+            ));
+        }
+        if capacity.is_none() {
+            missing.push(spelling.of("capacity_bytes"));
+        }
+        if !missing.is_empty() {
+            return Err(config(format!(
+                "{} is set without {}: the fleet's books bound a bucket prefix's bytes",
+                spelling.of("index"),
+                missing.join(" and ")
+            )));
+        }
+        out.set_item("index", index.url())?;
+        out.set_item("index_lease", index.lease().as_secs_f64())?;
+    }
     let (capacity, policy, stale, rescan) = (
         item("capacity_bytes")?,
         item("eviction_policy")?,

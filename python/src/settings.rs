@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use kvtier::settings::{
-    self, BudgetConfig, SettingError, group_count, policy_named, thread_count, thread_share,
+    self, BudgetConfig, IndexConfig, SettingError, group_count, policy_named, thread_count,
+    thread_share,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
@@ -186,4 +187,45 @@ pub(crate) fn budget_of(
         .with_rescan_interval(rescan)
         .map_err(setting_error)
         .map(Some)
+}
+
+/// The fleet's books: `index` (a `redis://` or `valkey://` URL) and
+/// `index_lease` (seconds), `None` without an index. A lease without an
+/// index is an error.
+pub(crate) fn index_of<'py>(
+    spelling: Spelling<'_>,
+    index: Option<&Bound<'py, PyAny>>,
+    lease: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<IndexConfig>> {
+    let (index, lease) = (
+        index.filter(|v| !v.is_none()),
+        lease.filter(|v| !v.is_none()),
+    );
+    let Some(index) = index else {
+        if lease.is_some() {
+            return Err(config(format!(
+                "{} is set without {}: leases are the fleet's books'",
+                spelling.of("index_lease"),
+                spelling.of("index")
+            )));
+        }
+        return Ok(None);
+    };
+    let name = spelling.of("index");
+    if !index.is_instance_of::<PyString>() {
+        return Err(kind_error(
+            &name,
+            "a URL such as \"redis://host:6379\"",
+            index,
+        ));
+    }
+    let mut config_ = IndexConfig::new(&index.extract::<String>()?)
+        .map_err(|error| setting_error(error.spelled(name)))?;
+    if let Some(lease) = lease {
+        let name = spelling.of("index_lease");
+        config_ = config_
+            .with_lease(seconds_of(&name, lease)?)
+            .map_err(|error| setting_error(error.spelled(name)))?;
+    }
+    Ok(Some(config_))
 }

@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::args::Unset;
 use crate::capacity::{reconcile_dict, scan_dict, stats_dict};
-use crate::settings::{Spelling, budget_of, capacity_of, thread_share_of};
+use crate::settings::{Spelling, budget_of, capacity_of, index_of, thread_share_of};
 
 /// Load and store threads when not given.
 const DEFAULT_THREADS: usize = 16;
@@ -104,6 +104,11 @@ pub(crate) struct PyVllmTransfers {
 }
 
 impl PyVllmTransfers {
+    /// The fleet's books the transfers are budgeted by, for the lookups.
+    pub(crate) fn fleet_budget(&self) -> PyResult<Option<kvtier::tier::fleet::FleetBudget>> {
+        Ok(self.inner.get_ref("fleet_budget")?.fleet_budget())
+    }
+
     /// The opened transfers, with their budget if one is set.
     fn budgeted(mut inner: VllmTransfers, budget: Option<BudgetConfig>) -> PyResult<Self> {
         if let Some(budget) = budget {
@@ -184,6 +189,7 @@ impl PyVllmTransfers {
     #[pyo3(signature = (
         target, rank_prefix, primary, *, load_threads = None, store_threads = None,
         capacity_bytes = None, eviction_policy = None, rescan_interval = None,
+        index = None, index_lease = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn objects(
@@ -195,9 +201,12 @@ impl PyVllmTransfers {
         capacity_bytes: Option<&Bound<'_, PyAny>>,
         eviction_policy: Option<&Bound<'_, PyAny>>,
         rescan_interval: Option<&Bound<'_, PyAny>>,
+        index: Option<&Bound<'_, PyAny>>,
+        index_lease: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         guard(|| {
             let (load_threads, store_threads) = threads_of(load_threads, store_threads)?;
+            let index = index_of(Spelling(None), index, index_lease)?;
             let budget = budget_of(
                 Spelling(None),
                 capacity_bytes,
@@ -210,9 +219,28 @@ impl PyVllmTransfers {
                 .with_max_in_flight(load_threads + store_threads)
                 .map_err(tier_error)?;
             let region = region_of(primary)?;
-            let inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
+            let mut inner = VllmTransfers::on_objects(layout, region, load_threads, store_threads)
                 .map_err(tier_error)?;
-            Self::budgeted(inner, budget)
+            // The listing and the index's round trips run without the GIL:
+            // other Python threads (an in-process test server, too) go on.
+            let py = target.py();
+            match (index, budget) {
+                (None, None) => {}
+                (None, Some(budget)) => {
+                    py.detach(|| inner.set_budget(budget).map(drop))
+                        .map_err(tier_error)?;
+                }
+                (Some(_), None) => {
+                    return Err(config(
+                        "index is set without capacity_bytes: the fleet's books bound a bucket prefix's bytes",
+                    ));
+                }
+                (Some(index), Some(budget)) => {
+                    py.detach(|| inner.set_fleet_budget(budget, index).map(drop))
+                        .map_err(tier_error)?;
+                }
+            }
+            Self::budgeted(inner, None)
         })
     }
 

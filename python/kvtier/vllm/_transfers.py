@@ -21,9 +21,10 @@ def open_transfers(
     settings: Mapping[str, Any],
     target: Any = None,
 ) -> VllmTransfers:
-    """``settings``: the budget's four settings as ``check_settings``
-    returned them (``capacity_bytes``, ``eviction_policy``,
-    ``stale_temp_age``, ``rescan_interval``); passed through unchanged.
+    """``settings``: the budget's settings as ``check_settings`` returned
+    them (``capacity_bytes``, ``eviction_policy``, ``stale_temp_age``,
+    ``rescan_interval``, and on a bucket ``index`` and ``index_lease``);
+    passed through unchanged.
     ``target``: an ``ObjectTarget`` (``rank_dir`` is then the rank's
     prefix in its bucket), or ``None`` for a directory."""
     capacity: Optional[int] = settings.get("capacity_bytes")
@@ -38,6 +39,8 @@ def open_transfers(
             capacity_bytes=capacity,
             eviction_policy=settings.get("eviction_policy"),
             rescan_interval=settings.get("rescan_interval"),
+            index=settings.get("index"),
+            index_lease=settings.get("index_lease"),
         )
         if stale is not None:
             transfers.sweep_stale_temps(stale)

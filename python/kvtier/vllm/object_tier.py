@@ -91,6 +91,17 @@ class ObjectTier(NativeTier):
     write in about one interval. Listings count and delete only the
     layout's block objects.
 
+    ``index`` (``redis://host:6379`` or ``valkey://…``; needs
+    ``capacity_bytes``) puts the budget in the fleet's books in Valkey or
+    Redis instead: every host writing into the prefix shares one budget and
+    one recency, enforced at every store (committed plus reserved bytes
+    never exceed ``capacity_bytes``), and lookups are one round trip per
+    group. ``index_lease`` (seconds, default 30) is how long a store's
+    reservation or a read's pin holds without renewal: a host that dies
+    gets its space back after it. While the index does not answer, or after
+    it lost its books until one host rebuilt them from a listing, lookups
+    miss and stores are refused.
+
     ``stale_temp_age`` (seconds, default 600; ``None``: never): at start,
     unfinished multipart uploads of the layout's blocks older than this
     (writers that died mid-upload left them; kvtier writes each block with
@@ -121,6 +132,8 @@ class ObjectTier(NativeTier):
         eviction_policy: Optional[str] = None,
         rescan_interval: Optional[float] = None,
         stale_temp_age: Optional[float] = 600.0,
+        index: Optional[str] = None,
+        index_lease: Optional[float] = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         given = {
@@ -137,6 +150,8 @@ class ObjectTier(NativeTier):
             "eviction_policy": eviction_policy,
             "rescan_interval": rescan_interval,
             "stale_temp_age": stale_temp_age,
+            "index": index,
+            "index_lease": index_lease,
         }
         if io_threads is not None:
             given["io_threads"] = io_threads
@@ -158,24 +173,26 @@ class ObjectTier(NativeTier):
         self.rank_prefix = rank_prefix_of(self.file_mapper)
         # guard: O6-a-bad-store-is-refused-at-start
         target.check_reachable(self.rank_prefix)
-        lookup = Lookup.vllm_objects(
-            target,
+        # guard: O12-the-object-tiers-budget-reaches-the-transfers
+        transfers = open_transfers(
             self.rank_prefix,
-            concurrency=settings["lookup_concurrency"],
-            group_timeout=settings["lookup_timeout"],
+            primary_kv_view,
+            load_threads=reads,
+            store_threads=writes,
+            settings=settings,
+            target=target,
         )
         try:
-            # guard: O12-the-object-tiers-budget-reaches-the-transfers
-            transfers = open_transfers(
+            # With the fleet's books (index), they answer the lookups too.
+            lookup = Lookup.vllm_objects(
+                target,
                 self.rank_prefix,
-                primary_kv_view,
-                load_threads=reads,
-                store_threads=writes,
-                settings=settings,
-                target=target,
+                transfers=transfers,
+                concurrency=settings["lookup_concurrency"],
+                group_timeout=settings["lookup_timeout"],
             )
         except BaseException:
-            lookup.shutdown()
+            transfers.shutdown(0.0)
             raise
         self._target = target
         self._adopt(tier_type, lookup, transfers, reads + writes)
@@ -188,7 +205,19 @@ class ObjectTier(NativeTier):
             reads,
             writes,
         )
-        if settings.get("capacity_bytes") is not None:
+        if settings.get("index") is not None:
+            report = transfers.scan_report()
+            logger.info(
+                "tier %r: %d bytes budget on the fleet's books at %s (leases of %.1f s): %d blocks "
+                "(%d bytes) committed fleet-wide",
+                tier_type,
+                settings["capacity_bytes"],
+                _shown(settings["index"]),
+                settings["index_lease"],
+                report["blocks"],
+                report["bytes"],
+            )
+        elif settings.get("capacity_bytes") is not None:
             report = transfers.scan_report()
             logger.info(
                 "tier %r: %d bytes budget, %d blocks (%d bytes) listed, %d trimmed, in %.2f s; "
@@ -204,6 +233,16 @@ class ObjectTier(NativeTier):
 
     def __repr__(self) -> str:
         return f"ObjectTier({self.tier_type!r}, {self._target!r}, {self.rank_prefix!r})"
+
+
+def _shown(url: str) -> str:
+    """``url`` without a password."""
+    scheme, _, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        user, _, host = authority.rpartition("@")
+        authority = f"{user.partition(':')[0]}:***@{host}"
+    return f"{scheme}://{authority}{slash}{tail}"
 
 
 def _threads(settings: dict[str, Any]) -> tuple[int, int]:

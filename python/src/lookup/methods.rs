@@ -78,18 +78,28 @@ impl PyLookup {
     /// Probes the blocks of vLLM's layout below `rank_prefix` of the
     /// bucket `target` names (an `ObjectTarget` from `check_settings`):
     /// `<rank_prefix>/<hex[:3]>/<hex[3:5]>_g<group>/<hex>.bin`, one HEAD
-    /// per key, a group's keys concurrently. Native, like `vllm_fs`.
+    /// per key, a group's keys concurrently. Native, like `vllm_fs`. With
+    /// `transfers` budgeted by the fleet's books (`index`), the books
+    /// answer instead: one round trip per group.
     #[staticmethod]
-    #[pyo3(signature = (target, rank_prefix, **settings))]
+    #[pyo3(signature = (target, rank_prefix, *, transfers = None, **settings))]
     fn vllm_objects(
         target: &Bound<'_, crate::objects::PyObjectTarget>,
         rank_prefix: &str,
+        transfers: Option<&Bound<'_, crate::transfers::PyVllmTransfers>>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
             let settings = native_config(settings)?;
-            let layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
+            let mut layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
                 .map_err(tier_error)?;
+            let fleet = match transfers {
+                Some(transfers) => transfers.borrow().fleet_budget()?,
+                None => None,
+            };
+            if let Some(fleet) = fleet {
+                layout = layout.with_index(fleet);
+            }
             let describe = format!(
                 "vllm_objects({:?}, {rank_prefix:?})",
                 target.get().inner.options().get_bucket()

@@ -91,6 +91,18 @@ impl VllmTransfers {
     }
 }
 
+impl VllmTransfers {
+    /// The fleet's books these transfers are budgeted by (`None` without):
+    /// the lookups' layout answers from them
+    /// ([`VllmObjectLayout::with_index`](crate::tier::VllmObjectLayout::with_index)).
+    pub fn fleet_budget(&self) -> Option<FleetBudget> {
+        match self.budget.as_ref().map(|budget| &budget.books) {
+            Some(Books::Fleet(fleet)) => Some(fleet.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// One round of upkeep (see [`FleetBudget::maintain`]), as a reconcile's
 /// report: expired entries settled count as evicted.
 pub(super) async fn upkeep(
