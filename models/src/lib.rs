@@ -48,6 +48,7 @@ pub mod checkers;
 pub mod coherence;
 pub mod conformance;
 mod driver_state;
+#[cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 pub mod fleet_reference;
 pub mod fuzzing;
 pub mod lockstep;
