@@ -104,7 +104,6 @@ pub(crate) fn check_settings<'py>(
         item("index_lease")?.as_ref(),
     )?;
     if let Some(index) = &index {
-        // guard: G17-an-index-needs-a-bucket-and-a-capacity
         let capacity = item("capacity_bytes")?.filter(|value| !value.is_none());
         let mut missing = Vec::new();
         if !has_target {
@@ -117,6 +116,7 @@ pub(crate) fn check_settings<'py>(
         if capacity.is_none() {
             missing.push(spelling.of("capacity_bytes"));
         }
+        // guard: G17-an-index-needs-a-bucket-and-a-capacity
         if !missing.is_empty() {
             return Err(config(format!(
                 "{} is set without {}: the fleet's books bound a bucket prefix's bytes",

@@ -5,7 +5,7 @@ on a real Valkey (models/tests/fleet_differential.rs), and a host's side
 (src/tier/fleet/budget.rs), caught by tests/fleet_budget.rs. Both need a
 Valkey: KVTIER_VALKEY or target/valkey-venv."""
 
-from ..defs import TEST, Mutation
+from ..defs import TEST, Mutation, pytest
 
 DIFFERENTIAL = TEST + ["-p", "kvtier-models", "--test", "fleet_differential"]
 
@@ -100,5 +100,11 @@ MUTATIONS = [
         "the fleet's books are kept up only on demand: leases lapse, hits are never touched, and books lost in a restart stay lost",
         [("                tokio::time::sleep(every).await;\n", "                tokio::time::sleep(every).await;\n                if every > std::time::Duration::ZERO {\n                    return;\n                }\n")],
         TEST + ["-p", "kvtier", "--test", "vllm_fleet", "a_restarted_index_is_rebuilt"],
+    ),
+    Mutation(
+        "G17-an-index-needs-a-bucket-and-a-capacity",
+        "an index without capacity_bytes (or without a bucket) is taken and ignored: the operator believes the fleet bounded",
+        [("        if !missing.is_empty() {", "        if missing.is_empty() && false {")],
+        pytest("tests/test_fleet_index.py::test_the_index_passes_the_door_with_its_rules"),
     ),
 ]

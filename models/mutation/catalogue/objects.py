@@ -38,8 +38,8 @@ MUTATIONS = [
     Mutation(
         "O5-the-object-store-settings-pass-the-door",
         "check_settings lets url and store_config through unchecked and builds no target",
-        [("    if let Some(target) = target_of(spelling, values)? {",
-          "    if let Some(target) = None::<kvtier::settings::ObjectTarget> {")],
+        [("    let target = target_of(spelling, values)?;",
+          "    let target: Option<kvtier::settings::ObjectTarget> = None;")],
         pytest("tests/test_object_settings.py"),
     ),
     Mutation(
@@ -77,8 +77,8 @@ MUTATIONS = [
     Mutation(
         "O12-the-object-tiers-budget-reaches-the-transfers",
         "kvtier.vllm.ObjectTier takes capacity_bytes and drops it: the prefix is unbounded",
-        [("                settings=settings,",
-          "                settings=dict(settings, capacity_bytes=None, eviction_policy=None, rescan_interval=None),")],
+        [("            settings=settings,",
+          "            settings=dict(settings, capacity_bytes=None, eviction_policy=None, rescan_interval=None),")],
         in_vllm("own", "test_object_tier_in_vllm.py", "test_capacity_bytes_bounds_the_prefix"),
     ),
     Mutation(
