@@ -255,3 +255,103 @@ fn a_victim_whose_object_stays_keeps_its_bytes_counted() {
         assert!(status.committed + status.held <= 2 * BLOCK, "{status:?}");
     });
 }
+
+#[test]
+fn a_write_whose_books_were_lost_is_admitted_again_and_orphans_are_swept() {
+    let Some(server) = ValkeyServer::start("a_write_whose_books_were_lost_is_admitted_again")
+    else {
+        return;
+    };
+    runtime().block_on(async {
+        let objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let a = host(&server.url, "readmit", 3, Duration::from_secs(30)).await;
+        ready(&a, &*objects).await;
+        store(&a, &*objects, "v0").await.unwrap();
+        // A reserves v1; the books are lost and rebuilt (by B) before its
+        // object lands: its commit admits it again in the new books.
+        let Admission::Write(write) = a.admit(&*objects, &at("v1"), BLOCK).await.unwrap() else {
+            panic!("room for v1");
+        };
+        let books = FleetBooks::connect(&server.url, "readmit", IndexTimeouts::default())
+            .await
+            .unwrap();
+        books.wipe().await.unwrap();
+        let b = host(&server.url, "readmit", 3, Duration::from_secs(30)).await;
+        ready(&b, &*objects).await;
+        objects.put(&at("v1"), vec![1u8; 100].into()).await.unwrap();
+        write.commit(&*objects).await.unwrap();
+        assert_eq!(b.lookup(&[at("v0"), at("v1")]).await.unwrap(), [true, true]);
+        let status = b.status().await.unwrap();
+        assert_eq!((status.committed, status.held), (2 * BLOCK, 0));
+        assert_eq!(bytes_in(&*objects).await, 2 * BLOCK);
+        // An object nobody's books count (a writer that died between its
+        // put and a refused commit) is swept once old enough; committed and
+        // reserved blocks stay.
+        objects
+            .put(&at("orphan"), vec![2u8; 100].into())
+            .await
+            .unwrap();
+        let Admission::Write(pending) = b.admit(&*objects, &at("v2"), BLOCK).await.unwrap() else {
+            panic!("room for v2");
+        };
+        objects.put(&at("v2"), vec![3u8; 100].into()).await.unwrap();
+        let prefix = ObjectPath::from("ns");
+        assert_eq!(
+            b.sweep_orphans(&*objects, &prefix, is_block, Duration::from_secs(600))
+                .await
+                .unwrap(),
+            0,
+            "too young"
+        );
+        assert_eq!(
+            b.sweep_orphans(&*objects, &prefix, is_block, Duration::ZERO)
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(objects.head(&at("orphan")).await.is_err());
+        pending.commit(&*objects).await.unwrap();
+        assert_eq!(bytes_in(&*objects).await, 3 * BLOCK);
+    });
+}
+
+#[test]
+fn a_write_whose_object_was_evicted_during_a_rebuild_is_not_committed() {
+    let Some(server) = ValkeyServer::start("a_write_whose_object_was_evicted_during_a_rebuild")
+    else {
+        return;
+    };
+    runtime().block_on(async {
+        let objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let a = host(&server.url, "evicted", 1, Duration::from_secs(30)).await;
+        ready(&a, &*objects).await;
+        let Admission::Write(write) = a.admit(&*objects, &at("u1"), BLOCK).await.unwrap() else {
+            panic!("room for u1");
+        };
+        objects.put(&at("u1"), vec![1u8; 100].into()).await.unwrap();
+        // The books are lost; B rebuilds them (u1 listed, committed), then
+        // evicts u1 for its own store before A's commit.
+        FleetBooks::connect(&server.url, "evicted", IndexTimeouts::default())
+            .await
+            .unwrap()
+            .wipe()
+            .await
+            .unwrap();
+        let b = host(&server.url, "evicted", 1, Duration::from_secs(30)).await;
+        ready(&b, &*objects).await;
+        assert_eq!(
+            b.lookup(&[at("u1")]).await.unwrap(),
+            [true],
+            "the rebuild listed u1"
+        );
+        store(&b, &*objects, "u2").await.unwrap();
+        // A's commit admits u1 again, finds its object gone: not committed.
+        assert!(write.commit(&*objects).await.is_err());
+        assert_eq!(
+            b.lookup(&[at("u1"), at("u2")]).await.unwrap(),
+            [false, true]
+        );
+        let status = b.status().await.unwrap();
+        assert_eq!((status.committed, status.held), (BLOCK, 0));
+    });
+}

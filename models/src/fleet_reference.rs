@@ -218,6 +218,11 @@ impl FleetReference {
                     .map(|key| books.blocks.contains_key(key))
                     .collect(),
             ),
+            Op::Unlisted { keys } => Reply::Verdicts(
+                keys.iter()
+                    .map(|key| !books.blocks.contains_key(key) && !books.held.contains_key(key))
+                    .collect(),
+            ),
             Op::Touch { keys } => {
                 let mut touched = 0;
                 for key in keys {

@@ -59,6 +59,7 @@ fn step() -> impl Strategy<Value = (Option<Op>, bool)> {
             .prop_map(|holder| Op::RebuildEnd { holder: holder.to_string() }),
         3 => keys().prop_map(|keys| Op::Lookup { keys }),
         2 => keys().prop_map(|keys| Op::Touch { keys }),
+        1 => keys().prop_map(|keys| Op::Unlisted { keys }),
         6 => (key(), bytes(), token(), lease())
             .prop_map(|(key, bytes, token, lease_ms)| Op::Reserve { key, bytes, token, lease_ms }),
         4 => (key(), token()).prop_map(|(key, token)| Op::Commit { key, token }),

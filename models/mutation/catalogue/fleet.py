@@ -107,4 +107,32 @@ MUTATIONS = [
         [("        if !missing.is_empty() {", "        if missing.is_empty() && false {")],
         pytest("tests/test_fleet_index.py::test_the_index_passes_the_door_with_its_rules"),
     ),
+    Mutation(
+        "G18-only-keys-the-books-do-not-know-are-orphans",
+        "the orphan sweep takes every listed block for an orphan: committed and reserved blocks are deleted",
+        [("    reply[#reply + 1] = known and 0 or 1", "    reply[#reply + 1] = 1")],
+        DIFFERENTIAL,
+    ),
+    Mutation(
+        "G19-a-write-of-lost-books-is-admitted-again",
+        "a store reserved in books that were lost and rebuilt commits nowhere: its object stays in the bucket, counted by no books",
+        [("            return budget.readmit(store, &self.key, self.bytes).await;",
+          "            return Err(TierError::Index { op: \"commit\", detail: String::new() });"),
+         ("                budget.readmit(store, &self.key, self.bytes).await\n",
+          "                Err(TierError::Index { op: \"commit\", detail: String::new() })\n")],
+        TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_write_whose_books_were_lost"],
+    ),
+    Mutation(
+        "G20-only-old-orphans-are-swept",
+        "the orphan sweep deletes objects of any age: a store between its put and its commit loses its object",
+        [("            if classify(&meta.location) && meta.last_modified < cutoff {",
+          "            if classify(&meta.location) && meta.last_modified <= chrono::Utc::now() {")],
+        TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_write_whose_books_were_lost"],
+    ),
+    Mutation(
+        "G21-a-readmitted-write-needs-its-object",
+        "a write admitted again after a rebuild makes room before looking: blocks are evicted for an object the rebuilt books' eviction took already",
+        [("        if store.head(&location).await.is_err() {", "        if store.head(&location).await.is_err() && false {")],
+        TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_write_whose_object_was_evicted"],
+    ),
 ]

@@ -223,6 +223,20 @@ if op == 'lookup' then
   return reply
 end
 
+if op == 'unlisted' then
+  -- ARGV: 3.. keys found in a listing. 1 for each the books neither commit
+  -- nor hold: an orphan (a write whose books were lost, a writer that died
+  -- between its put and a refused commit), for the sweep to delete once
+  -- old enough.
+  local reply = {}
+  for i = 3, #ARGV do
+    local known = redis.call('HEXISTS', BLOCKS, ARGV[i]) == 1 or redis.call('HEXISTS', HELD, ARGV[i]) == 1
+    -- guard: G18-only-keys-the-books-do-not-know-are-orphans
+    reply[#reply + 1] = known and 0 or 1
+  end
+  return reply
+end
+
 if op == 'touch' then
   -- ARGV: 3.. keys read since the last touch; those still committed move
   -- to the recent end.

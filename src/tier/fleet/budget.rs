@@ -57,6 +57,9 @@ pub(super) struct Inner {
 pub struct FleetWrite {
     budget: FleetBudget,
     key: String,
+    bytes: u64,
+    /// The books the room was reserved in.
+    epoch: Option<String>,
     done: bool,
 }
 
@@ -216,12 +219,15 @@ impl FleetBudget {
                 token: self.inner.token.clone(),
                 lease_ms: self.lease_ms(),
             };
+            let epoch = self.epoch();
             match self.step(&op).await? {
                 Reply::Granted => {
                     self.hold(&key);
                     return Ok(Admission::Write(FleetWrite {
                         budget: self.clone(),
                         key,
+                        bytes,
+                        epoch,
                         done: false,
                     }));
                 }
@@ -238,7 +244,7 @@ impl FleetBudget {
                     }
                     // A victim whose object cannot be deleted stays held:
                     // its lease ends and a sweeper settles it.
-                    let deleted = delete_objects(store, &keys).await;
+                    let deleted = self.delete_in_epoch(store, &keys, &epoch).await;
                     // guard: G12-only-deleted-victims-are-released
                     self.release(&deleted).await?;
                     if deleted.len() < keys.len() {
@@ -256,6 +262,27 @@ impl FleetBudget {
             }
         }
         Err(no_room(&key, bytes, capacity, Rejection::Busy))
+    }
+
+    /// Deletes the objects of `keys` (victims or expired entries the books
+    /// of `epoch` named) while this host knows no other books: once it has
+    /// seen them replaced, the new books may count those objects (a
+    /// rebuild listed them), and the rest are left alone. Returns those
+    /// deleted.
+    pub(super) async fn delete_in_epoch(
+        &self,
+        store: &dyn ObjectStore,
+        keys: &[String],
+        epoch: &Option<String>,
+    ) -> Vec<String> {
+        let mut deleted = Vec::new();
+        for key in keys {
+            if self.epoch() != *epoch {
+                break;
+            }
+            deleted.extend(delete_objects(store, std::slice::from_ref(key)).await);
+        }
+        deleted
     }
 
     /// Pins the block at `location` for a read: `None` when the books do
@@ -354,6 +381,60 @@ impl FleetBudget {
     }
 }
 
+impl FleetBudget {
+    /// Learns the books' epoch when this host has none (they were lost).
+    async fn attach_if_lost(&self) -> Result<(), TierError> {
+        if self.epoch().is_none() {
+            self.attach().await?;
+        }
+        Ok(())
+    }
+
+    /// An object written under books that were lost since: admitted again
+    /// in the books there are now. Present (the rebuild listed it, or
+    /// another host wrote it): kept. Room: committed if the object is still
+    /// there (held now, nobody else deletes it; an eviction in the rebuilt
+    /// books may have taken it meanwhile: then the room goes back). Another
+    /// holder writing it: left to that holder (the same bytes). No room:
+    /// deleted again.
+    async fn readmit(
+        &self,
+        store: &dyn ObjectStore,
+        key: &str,
+        bytes: u64,
+    ) -> Result<(), TierError> {
+        let location = ObjectPath::from(key);
+        let gone = || TierError::Index {
+            op: "commit",
+            detail: format!("{key} was evicted while its books were rebuilt"),
+        };
+        // Gone already (evicted in the rebuilt books): no room to make.
+        // guard: G21-a-readmitted-write-needs-its-object
+        if store.head(&location).await.is_err() {
+            return Err(gone());
+        }
+        let refused = match self.admit(store, &location, bytes).await {
+            Ok(Admission::Present) => return Ok(()),
+            Ok(Admission::Write(write)) => {
+                return match store.head(&location).await {
+                    Ok(_) => Box::pin(write.commit(store)).await,
+                    Err(_) => {
+                        write.abort().await?;
+                        Err(gone())
+                    }
+                };
+            }
+            Err(TierError::NoRoom {
+                reason: Rejection::Busy,
+                ..
+            }) => return Ok(()),
+            Err(error) => error,
+        };
+        delete_objects(store, &[key.to_string()]).await;
+        Err(refused)
+    }
+}
+
 impl FleetWrite {
     /// The object is written: the block becomes committed. A commit the
     /// books refuse (the lease ended and a sweeper claimed it) deletes the
@@ -362,6 +443,13 @@ impl FleetWrite {
         self.done = true;
         let budget = self.budget.clone();
         budget.unhold(&self.key);
+        let _ = budget.attach_if_lost().await;
+        if budget.epoch() != self.epoch {
+            // The books were lost and rebuilt while the object was written:
+            // its reservation is gone with them.
+            // guard: G19-a-write-of-lost-books-is-admitted-again
+            return budget.readmit(store, &self.key, self.bytes).await;
+        }
         let op = Op::Commit {
             key: self.key.clone(),
             token: budget.inner.token.clone(),
@@ -378,8 +466,13 @@ impl FleetWrite {
                 })
             }
             Ok(other) => Err(unexpected("commit", &other)),
-            // Books of another epoch (or none): the object is left to the
-            // rebuild's listing or the orphan sweep.
+            // Rebuilt books, seen just now: admitted again in them.
+            // guard: G19-a-write-of-lost-books-is-admitted-again
+            Err(_) if budget.epoch().is_some() && budget.epoch() != self.epoch => {
+                budget.readmit(store, &self.key, self.bytes).await
+            }
+            // No books (lost, being rebuilt): the object is left to the
+            // rebuild's listing, or to the orphan sweep if that has passed.
             Err(error) => Err(error),
         }
     }

@@ -35,6 +35,9 @@ pub enum Op {
     Lookup { keys: Vec<String> },
     /// Keys read since the last touch move to the recent end.
     Touch { keys: Vec<String> },
+    /// Of keys a listing found, those the books neither commit nor hold
+    /// (orphans for the sweep): one verdict per key, `true` for an orphan.
+    Unlisted { keys: Vec<String> },
     /// Room for a block: granted, present, busy, victims to delete first,
     /// no room, or too large.
     Reserve {
@@ -182,6 +185,7 @@ impl Op {
             Op::RebuildEnd { .. } => "rebuild_end",
             Op::Lookup { .. } => "lookup",
             Op::Touch { .. } => "touch",
+            Op::Unlisted { .. } => "unlisted",
             Op::Reserve { .. } => "reserve",
             Op::Commit { .. } => "commit",
             Op::Release { .. } => "release",
@@ -217,7 +221,9 @@ impl Op {
                 }
             }
             Op::RebuildEnd { holder } => args.push(holder.clone()),
-            Op::Lookup { keys } | Op::Touch { keys } => args.extend(keys.iter().cloned()),
+            Op::Lookup { keys } | Op::Touch { keys } | Op::Unlisted { keys } => {
+                args.extend(keys.iter().cloned())
+            }
             Op::Reserve {
                 key,
                 bytes,
@@ -273,7 +279,7 @@ impl Op {
         let Frame::Array(items) = frame else {
             return Err(bad());
         };
-        if let Op::Lookup { keys } = self {
+        if let Op::Lookup { keys } | Op::Unlisted { keys } = self {
             // The one answer that is not headed by a word.
             if let Some(Frame::Text(word)) = items.first() {
                 return common(word, items).ok_or_else(bad);

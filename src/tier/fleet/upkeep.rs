@@ -57,12 +57,13 @@ impl FleetBudget {
             lease_ms: self.lease_ms(),
             limit: SWEEP_BATCH,
         };
+        let epoch = self.epoch();
         if let Reply::Claimed(claimed) = self.step(&op).await? {
             let keys: Vec<String> = claimed.iter().map(|(key, _, _)| key.clone()).collect();
             for key in &keys {
                 self.hold(key);
             }
-            let deleted = delete_objects(store, &keys).await;
+            let deleted = self.delete_in_epoch(store, &keys, &epoch).await;
             done.settled = deleted.len() as u64;
             done.claimed_reservations = claimed
                 .iter()
@@ -71,6 +72,55 @@ impl FleetBudget {
             self.release(&deleted).await?;
         }
         Ok(done)
+    }
+
+    /// Deletes the orphans below `prefix`: block objects (`classify`) the
+    /// books neither commit nor hold, last modified more than `older_than`
+    /// ago (a write still between its put and its commit is younger). They
+    /// are writes whose books were lost after the rebuild's listing, and
+    /// writers that died between a put and a refused commit. Returns how
+    /// many were deleted; nothing while the books are not ready.
+    pub async fn sweep_orphans(
+        &self,
+        store: &dyn ObjectStore,
+        prefix: &ObjectPath,
+        classify: impl Fn(&ObjectPath) -> bool,
+        older_than: std::time::Duration,
+    ) -> Result<u64, TierError> {
+        use futures_util::StreamExt;
+        if self.epoch().is_none() {
+            return Ok(0);
+        }
+        let cutoff = chrono::Utc::now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let mut old = Vec::new();
+        let mut listing = store.list(Some(prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|error| TierError::Store {
+                op: "list",
+                location: prefix.to_string(),
+                source: Box::new(error),
+            })?;
+            // guard: G20-only-old-orphans-are-swept
+            if classify(&meta.location) && meta.last_modified < cutoff {
+                old.push(meta.location.to_string());
+            }
+        }
+        let mut deleted = 0;
+        for batch in old.chunks(REBUILD_BATCH) {
+            let keys = batch.to_vec();
+            let Reply::Verdicts(orphans) = self.step(&Op::Unlisted { keys: keys.clone() }).await?
+            else {
+                continue;
+            };
+            let orphans: Vec<String> = keys
+                .into_iter()
+                .zip(orphans)
+                .filter_map(|(key, orphan)| orphan.then_some(key))
+                .collect();
+            deleted += delete_objects(store, &orphans).await.len() as u64;
+        }
+        Ok(deleted)
     }
 
     /// Rebuilds lost books from a listing if this host gets the lock:

@@ -156,9 +156,12 @@ impl VllmTransfers {
                 bucket.run(objects.reconcile(&**bucket.layout.store(), &prefix))
             }
             #[cfg(fleet_index)]
-            (Books::Fleet(fleet), Home::Bucket(bucket)) => {
-                bucket.run(super::fleet::upkeep(fleet, bucket))
-            }
+            (Books::Fleet(fleet), Home::Bucket(bucket)) => bucket.run(async {
+                let mut report = super::fleet::upkeep(fleet, bucket).await?;
+                report.swept =
+                    super::fleet::sweep_orphans(fleet, bucket, budget.stale_temp_age).await?;
+                Ok(report)
+            }),
             #[cfg(object_tier)]
             (_, Home::Dir(_)) => unreachable!("a bucket's budget has a bucket"),
         }

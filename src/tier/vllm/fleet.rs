@@ -67,9 +67,16 @@ impl VllmTransfers {
         }
         scan.elapsed = started.elapsed();
         let every = index.lease() / 3;
+        // With an index, listings serve the orphan sweep (every
+        // rescan_interval, or every stale_temp_age) and the rebuild.
+        let (age, sweep_every) = (
+            config.sweep_age(),
+            config.rescan_interval().unwrap_or(config.sweep_age()),
+        );
         let (task_fleet, task_bucket) = (fleet.clone(), crate::sync::Arc::downgrade(bucket));
         // guard: G16-the-books-are-kept-up-on-a-task
         let task = bucket.spawn(async move {
+            let mut swept = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(every).await;
                 let Some(bucket) = task_bucket.upgrade() else {
@@ -77,6 +84,12 @@ impl VllmTransfers {
                 };
                 if let Err(error) = upkeep(&task_fleet, &bucket).await {
                     tracing::warn!(%error, "cannot keep up the fleet's books");
+                }
+                if swept.elapsed() >= sweep_every {
+                    swept = tokio::time::Instant::now();
+                    if let Err(error) = sweep_orphans(&task_fleet, &bucket, age).await {
+                        tracing::warn!(%error, "cannot sweep the bucket's orphans");
+                    }
                 }
             }
         });
@@ -123,6 +136,24 @@ pub(super) async fn upkeep(
         swept: 0,
         elapsed: started.elapsed(),
     })
+}
+
+/// Deletes the rank prefix's orphans older than `age` (see
+/// [`FleetBudget::sweep_orphans`]).
+pub(super) async fn sweep_orphans(
+    fleet: &FleetBudget,
+    bucket: &Bucket,
+    age: std::time::Duration,
+) -> Result<u64, TierError> {
+    let prefix = ObjectPath::from(bucket.layout.rank_prefix());
+    fleet
+        .sweep_orphans(
+            &**bucket.layout.store(),
+            &prefix,
+            |location| is_block_below(&prefix, location, vllm_entry),
+            age,
+        )
+        .await
 }
 
 /// A new capacity for the fleet; the victims' objects deleted.
