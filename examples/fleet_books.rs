@@ -40,7 +40,10 @@ mod bench {
     async fn evalsha_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
         let client = redis::Client::open(url)?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
         Ok(info
             .lines()
             .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
