@@ -9,6 +9,7 @@ macro_rules! say {
     };
 }
 
+mod books;
 mod demo;
 mod failure;
 mod probe;

@@ -65,6 +65,18 @@ pub(crate) struct TrimArgs {
     #[arg(long, default_value_t = 10_000, value_name = "MS", conflicts_with = "fs",
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     timeout: u64,
+    /// The fleet's books of the rank prefix (with --s3 and --layout vllm),
+    /// in Valkey or Redis: redis://HOST:PORT[/DB]. Prints them beside a
+    /// listing; with --capacity sets the fleet-wide capacity through them
+    /// (what no longer fits is evicted), and with --rebuild rebuilds them
+    /// from the listing; either deletes the orphans (objects no books
+    /// count) older than --stale-temp-age.
+    #[arg(long, value_name = "URL", requires = "s3")]
+    index: Option<String>,
+    /// With --index: drop the books and rebuild them from a listing of the
+    /// prefix (the hosts see a new epoch and answer from the new books).
+    #[arg(long, requires = "index")]
+    rebuild: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -85,6 +97,21 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn run(args: &TrimArgs) -> Result<(), Failure> {
+    if let (Some(index), Some(url)) = (&args.index, &args.s3) {
+        if args.layout != "vllm" {
+            return Err(Failure::input(
+                "--index needs --layout vllm: the fleet's books are vLLM's transfers' (a rank prefix)",
+            ));
+        }
+        let repair = super::books::Repair {
+            capacity: args.capacity,
+            rebuild: args.rebuild,
+            stale_temp_age: Duration::from_secs(args.stale_temp_age),
+            timeout: Duration::from_millis(args.timeout),
+            json: args.json,
+        };
+        return super::books::run(url, index, &repair);
+    }
     match (&args.fs, &args.s3) {
         (Some(dir), _) => run_fs(args, dir),
         (None, Some(url)) => run_s3(args, url),
