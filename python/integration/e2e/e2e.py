@@ -35,6 +35,9 @@ and once with vLLM's own fs tier (the control). What it checks:
 - a fleet of hosts on one bucket of a real S3 server through kvtier's
   ``ObjectTier``: cross-host hits with 0 prompt tokens computed, and a
   server outage mid-run (``e2e_fleet.py``);
+- the fleet's books in a real Valkey: one budget below the working set,
+  cross-host hits answered by the books, a Valkey restart, a killed host's
+  space back after its leases (``e2e_books.py``);
 - every clean run: no ``Traceback`` or ``BufferError`` in any engine
   process's output (vLLM's own chat-template warmup warning, which every
   engine started with ``skip_tokenizer_init`` prints, is the one record
@@ -151,6 +154,11 @@ def main() -> int:
 
             print("fleet: hosts sharing one bucket of a real S3 server (SeaweedFS), an outage", flush=True)
             e2e_fleet.run(harness)
+        if "books" in scenarios:
+            import e2e_books
+
+            print("books: the fleet's budget and recency in a real Valkey, a restart, a kill", flush=True)
+            e2e_books.run(harness)
     except CheckFailed as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1

@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity", "server", "fleet")
+SCENARIOS = (
+    "restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity", "server", "fleet", "books",
+)
 #: Tokens per prompt: 18 blocks of 32.
 PROMPT_TOKENS = 576
 PROMPTS = 6

@@ -87,8 +87,9 @@ class Sampler:
     thread while the hosts run; the largest sample is what the budget's
     check reads."""
 
-    def __init__(self, server: Seaweed) -> None:
+    def __init__(self, server: Seaweed, bucket: str = BUCKET, prefix: str = f"{PREFIX}/") -> None:
         self.server, self.samples, self.largest = server, 0, 0
+        self.bucket, self.prefix = bucket, prefix
         #: Every key seen, in the order it first appeared (a failed check
         #: names what was gone by the rank at which it was written).
         self.arrivals: dict[str, int] = {}
@@ -98,7 +99,7 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                listed = self.server.list_objects(BUCKET, f"{PREFIX}/")
+                listed = self.server.list_objects(self.bucket, self.prefix)
                 total = sum(listed.values())
             except OSError:
                 continue  # the server is stopped (the outage)

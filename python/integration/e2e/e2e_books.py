@@ -1,0 +1,228 @@
+"""The fleet's books end to end: engine processes standing for hosts, each
+with its own CPU tier and directories, sharing a bucket of a real S3
+server (SeaweedFS) and one budget and recency in a real Valkey
+(``index``), the budget below the working set.
+
+- host A computes the six prompts; the books keep the prefix within the
+  budget at every store (the bucket is sampled every 0.2 s throughout);
+- host B serves A's newest prompts (4-5) from the bucket, its lookups
+  answered by the books: those prompt tokens are loaded, none computed,
+  the same tokens as without offloading;
+- host C stores new prompts, then Valkey is restarted (its books lost):
+  C's next batch runs (nothing hangs), the books are rebuilt from a
+  listing, and A's prompts 4-5 are loaded from the bucket again;
+- host D is SIGKILLed while its stores are in flight: its reservations
+  stay counted until their leases end; then a sweep (another process's
+  upkeep) settles them: nothing held, no object the books do not count.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, check, tail, wait_for_group
+from e2e_fleet import CREDENTIALS, Sampler, fresh_prompts, tier_counts, wait_ready
+
+sys.path.insert(0, str(HERE.parent))
+from seaweed import Seaweed  # noqa: E402
+from valkey import Valkey  # noqa: E402
+
+if TYPE_CHECKING:
+    from harness import Harness
+
+BUCKET = "kvtier-books"
+PREFIX = "books"
+#: 64 blocks: A's six prompts (108 blocks) do not fit.
+CAPACITY = 64 * BLOCK_BYTES
+#: Short leases: a killed host's space comes back within seconds, and the
+#: upkeep (every third of a lease) rebuilds lost books within one.
+LEASE = 3.0
+
+
+def books_form(server: Seaweed, valkey: Valkey) -> dict:
+    return {
+        "store_config": server.store_config(BUCKET),
+        "prefix": PREFIX,
+        "request_timeout": 2.0,
+        "connect_timeout": 1.0,
+        "max_retries": 1,
+        "lookup_timeout": 1.0,
+        "capacity_bytes": CAPACITY,
+        "index": valkey.url,
+        "index_lease": LEASE,
+    }
+
+
+def books_status(valkey: Valkey) -> dict:
+    """The books' meta hash (every namespace's: one here), or {} when lost."""
+    reply = valkey.command_reply("KEYS", "kvtier:*:meta").decode()
+    keys = [line for line in reply.split("\r\n") if line.startswith("kvtier:")]
+    if not keys:
+        return {}
+    fields = valkey.command_reply("HGETALL", keys[0]).decode().split("\r\n")
+    values = [line for line in fields if line and not line.startswith(("*", "$"))]
+    return dict(zip(values[0::2], values[1::2]))
+
+
+def run(h: "Harness") -> None:
+    server_dir, valkey_dir = h.work / "books-seaweed", h.work / "books-valkey"
+    for directory in (server_dir, valkey_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+    with Seaweed(server_dir, buckets=[BUCKET], anonymous=True) as server, Valkey(valkey_dir) as valkey:
+        with Sampler(server, BUCKET, f"{PREFIX}/") as sampler:
+            hosts(h, server, valkey)
+        check(
+            sampler.largest <= CAPACITY,
+            f"books: the bucket held {sampler.largest} bytes, over the budget of {CAPACITY}",
+        )
+        h.notes.append(
+            f"books: at most {sampler.largest} of {CAPACITY} bytes in the bucket over {sampler.samples} samples"
+        )
+
+
+def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
+    form = books_form(server, valkey)
+    # Host A: every prompt computed and stored through the books.
+    a = h.run("books-a", h.settings("object", h.work / "books-a", object=form, env=CREDENTIALS))
+    h.same_outputs("books host A", a["outputs"])
+    status = books_status(valkey)
+    check(
+        int(status.get("committed", 0)) <= CAPACITY and int(status.get("committed", 0)) > 0,
+        f"books host A: the books hold {status} (capacity {CAPACITY})",
+    )
+    # Host B: A's newest prompts, from the bucket, asked of the books.
+    settings = h.settings("object", h.work / "books-b", object=form)
+    settings["prompts"] = h.prompts[4:6]
+    b = h.run("books-b", settings)
+    h.same_outputs("books host B", {str(int(k) + 4): v for k, v in b["outputs"].items()}, only={4, 5})
+    loaded = b["metrics"].get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
+    check(
+        loaded == 2 * PROMPT_TOKENS,
+        f"books host B: {loaded} prompt tokens loaded of A's prompts 4-5 ({2 * PROMPT_TOKENS}): {b['metrics']}",
+    )
+    restarted(h, server, valkey, form)
+    sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))
+    killed(h, server, valkey, form, rank_prefix=sample.rsplit("/", 3)[0])
+
+
+def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None:
+    """Host C: new prompts; Valkey restarted (books lost); a batch of new
+    prompts runs meanwhile; once the books are rebuilt, A's prompts 4-5 load."""
+    pause = h.work / "runs" / "books-c-pause"
+    shutil.rmtree(pause, ignore_errors=True)
+    pause.mkdir(parents=True)
+    settings = h.settings(
+        "object",
+        h.work / "books-c",
+        object=form,
+        pause=str(pause),
+        then=[fresh_prompts(5), h.prompts[4:6]],
+    )
+    settings["prompts"] = fresh_prompts(43)
+    process, run_dir = h.start("books-c-restart", settings)
+    started = time.monotonic()
+    wait_ready(process, run_dir, pause, "phase1")
+    epoch = books_status(valkey).get("epoch")
+    valkey.stop()
+    valkey.start()
+    restarted_at = time.monotonic()
+    (pause / "phase1").touch()
+    wait_ready(process, run_dir, pause, "phase2")
+    during = time.monotonic() - restarted_at
+    # Rebuilt by the engine's upkeep, from a listing.
+    deadline = time.monotonic() + 60
+    while books_status(valkey).get("status") != "ready" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rebuilt = books_status(valkey)
+    check(
+        rebuilt.get("status") == "ready" and rebuilt.get("epoch") != epoch,
+        f"books host C: not rebuilt after the restart: {rebuilt}\n{tail((run_dir / 'engine.log').read_text())}",
+    )
+    rebuilt_after = time.monotonic() - restarted_at
+    (pause / "phase2").touch()
+    c = h._ended(process, run_dir, started)
+    h.same_outputs(
+        "books host C, after the rebuild",
+        {str(int(k[2:]) + 4): v for k, v in c["outputs"].items() if k.startswith("2.")},
+        only={4, 5},
+    )
+    loaded = c["metrics"].get("vllm:prompt_tokens_by_source{source=external_kv_transfer}")
+    check(
+        loaded == 2 * PROMPT_TOKENS,
+        f"books host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the rebuild: {c['metrics']}",
+    )
+    h.notes.append(
+        f"books restart: host C's batch ran {during:.1f} s across the Valkey restart; "
+        f"books rebuilt {rebuilt_after:.1f} s after it ({rebuilt.get('committed')} bytes committed); "
+        f"A's prompts 4-5 loaded afterwards; {tier_counts('books host C', c['log'])}"
+    )
+
+
+def killed(h: "Harness", server: Seaweed, valkey: Valkey, form: dict, rank_prefix: str) -> None:
+    """Host D, SIGKILLed while its stores are in flight; then a sweep by
+    another process once its leases have ended."""
+    before = set(server.list_objects(BUCKET, f"{PREFIX}/"))
+    settings = h.settings("object", h.work / "books-d", object=form, store_delay=0.5, linger=300)
+    settings["prompts"] = fresh_prompts(11)
+    process, run_dir = h.start("books-d-killed", settings)
+    deadline = time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:
+        if set(server.list_objects(BUCKET, f"{PREFIX}/")) - before:
+            break
+        time.sleep(0.05)
+    check(process.poll() is None, f"books host D: it ended before any store landed\n{tail((run_dir / 'engine.log').read_text())}")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    wait_for_group(process.pid, timeout=120)
+    for left in glob.glob("/dev/shm/vllm_offload_*"):
+        os.unlink(left)  # a SIGKILL leaves the killed engine's region
+    held = int(books_status(valkey).get("held", 0))
+    time.sleep(LEASE + 1.0)
+    swept = sweep(form, rank_prefix)
+    after = books_status(valkey)
+    objects = server.list_objects(BUCKET, f"{PREFIX}/")
+    check(int(after.get("held", -1)) == 0, f"books host D: still held after its leases and a sweep: {after}")
+    check(
+        sum(objects.values()) <= int(after.get("committed", 0)),
+        f"books host D: {sum(objects.values())} bytes in the bucket, {after.get('committed')} committed",
+    )
+    check(not server.list_uploads(BUCKET), "books host D: the kill left an unfinished upload")
+    h.notes.append(
+        f"books kill: host D killed with {held} bytes held; after its leases a sweep settled "
+        f"{swept['evicted']} entries; nothing held, every object counted"
+    )
+
+
+def sweep(form: dict, rank: str) -> dict:
+    """Another host's upkeep, now: a process of vLLM's venv opens the
+    books' transfers and reconciles (settles expired entries)."""
+    import json
+    import subprocess
+
+    code = """
+import json, sys
+import numpy as np
+from kvtier._native import VllmTransfers, check_settings
+form = json.loads(sys.argv[1])
+settings = check_settings(form)
+rank = sys.argv[2]
+view = memoryview(np.zeros((1, %d), dtype=np.uint8))
+t = VllmTransfers.objects(settings["object_target"], rank, view, load_threads=1, store_threads=1,
+                          capacity_bytes=settings["capacity_bytes"], index=settings["index"],
+                          index_lease=settings["index_lease"])
+report = t.reconcile()
+t.shutdown(0.0)
+print(json.dumps(report))
+""" % BLOCK_BYTES
+    env = dict(os.environ, **CREDENTIALS)
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(form), rank], capture_output=True, text=True, env=env, timeout=120
+    )
+    check(done.returncode == 0, f"books sweep failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
