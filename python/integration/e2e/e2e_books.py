@@ -234,8 +234,8 @@ def killed(h: "Harness", server: Seaweed, valkey: Valkey, form: dict, rank_prefi
     )
     check(not server.list_uploads(BUCKET), "books host D: the kill left an unfinished upload")
     h.notes.append(
-        f"books kill: host D killed with {held} bytes held; after its leases a sweep settled "
-        f"{swept['evicted']} entries; nothing held, every object counted"
+        f"books kill: host D killed with {held} bytes held; after its leases another process's upkeep "
+        f"(at its start, then a reconcile settling {swept['evicted']} more) left nothing held, every object counted"
     )
 
 
