@@ -211,11 +211,18 @@ def killed(h: "Harness", server: Seaweed, valkey: Valkey, form: dict, rank_prefi
     settings = h.settings("object", h.work / "books-d", object=form, store_delay=0.5, linger=300)
     settings["prompts"] = fresh_prompts(11)
     process, run_dir = h.start("books-d-killed", settings)
+    # Killed once one of its stores has landed and, if the polling catches
+    # one, while another holds a reservation in the books.
     deadline = time.monotonic() + 600
+    landed = None
     while process.poll() is None and time.monotonic() < deadline:
-        if set(server.list_objects(BUCKET, f"{PREFIX}/")) - before:
+        if landed is None and set(server.list_objects(BUCKET, f"{PREFIX}/")) - before:
+            landed = time.monotonic()
+        if landed is not None and (
+            int(books_status(valkey).get("held", 0)) > 0 or time.monotonic() - landed > 10
+        ):
             break
-        time.sleep(0.05)
+        time.sleep(0.005)
     check(process.poll() is None, f"books host D: it ended before any store landed\n{tail((run_dir / 'engine.log').read_text())}")
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
