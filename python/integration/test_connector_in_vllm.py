@@ -361,11 +361,13 @@ def test_engines_sharing_a_root_count_each_others_dumps(root: str) -> None:
     _prefill(b, request)
     _settle(b)
     assert b.check_files(b.keys_of(request, 6)) == {"present": 4, "absent": 2, "wrong": 0}
+    # a's rescans may have seen a block b evicted again while it prefilled
+    # (adopted, then forgotten): what a holds in the end is b's four.
     deadline = time.monotonic() + 10
-    while a.worker().stats()["capacity_adopted"] < 4 and time.monotonic() < deadline:
+    while a.worker().stats()["capacity_resident_bytes"] != 4 * page and time.monotonic() < deadline:
         time.sleep(0.01)
     stats = a.worker().stats()
-    assert (stats["capacity_adopted"], stats["capacity_resident_bytes"]) == (4, 4 * page), stats
+    assert stats["capacity_resident_bytes"] == 4 * page and stats["capacity_adopted"] >= 4, stats
     a.shutdown()
     b.shutdown()
 
