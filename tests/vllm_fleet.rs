@@ -139,6 +139,8 @@ fn hosts_share_the_books_budget_and_hits() {
         assert!(stored.succeeded(), "{stored:?}");
         assert!(listed(&options) <= 4, "after store {i}");
     }
+    // The figures are the last upkeep's: one now.
+    a.reconcile().unwrap();
     let stats = a.capacity_stats().unwrap();
     assert_eq!(
         (stats.resident_bytes, stats.capacity_bytes),

@@ -48,9 +48,15 @@ pub(super) struct Inner {
     /// Keys this host holds an entry or pins of (with a count of the pins),
     /// renewed by [`FleetBudget::maintain`].
     pub(super) held: Mutex<HashMap<String, u32>>,
-    /// Hits since the last [`FleetBudget::maintain`].
+    /// Hits since the last [`FleetBudget::maintain`] (at most
+    /// [`MAX_TOUCHES`]: the rest of a burst is not touched).
     pub(super) touches: Mutex<Vec<String>>,
+    /// The books' state as the last [`FleetBudget::maintain`] read it.
+    pub(super) last_status: Mutex<Option<super::ops::BooksStatus>>,
 }
+
+/// Hits kept for the next touch at most.
+const MAX_TOUCHES: usize = 1 << 16;
 
 /// A reservation: commit it once the object is written.
 #[derive(Debug)]
@@ -103,6 +109,7 @@ impl FleetBudget {
                 epoch: Mutex::new(None),
                 held: Mutex::new(HashMap::new()),
                 touches: Mutex::new(Vec::new()),
+                last_status: Mutex::new(None),
             }),
         };
         let _ = budget.attach().await;
@@ -131,7 +138,18 @@ impl FleetBudget {
             _ => None,
         };
         self.adopt(epoch);
+        *self.inner.last_status.lock() = match &reply {
+            Reply::Status(status) => Some(status.clone()),
+            _ => None,
+        };
         Ok(reply)
+    }
+
+    /// The books' state as the last upkeep ([`maintain`](Self::maintain))
+    /// read it, without asking the server: for figures read every
+    /// scheduler step. `None` before the first, or when they were lost.
+    pub fn last_status(&self) -> Option<super::ops::BooksStatus> {
+        self.inner.last_status.lock().clone()
     }
 
     pub(super) fn adopt(&self, epoch: Option<String>) {
@@ -199,7 +217,13 @@ impl FleetBudget {
     /// Notes hits to touch at the next [`maintain`](Self::maintain).
     pub fn note_hits(&self, locations: impl IntoIterator<Item = ObjectPath>) {
         let mut touches = self.inner.touches.lock();
-        touches.extend(locations.into_iter().map(|location| location.to_string()));
+        let room = MAX_TOUCHES.saturating_sub(touches.len());
+        touches.extend(
+            locations
+                .into_iter()
+                .take(room)
+                .map(|location| location.to_string()),
+        );
     }
 
     /// Room for `bytes` at `location`: the books' answer, after deleting

@@ -71,6 +71,8 @@ impl FleetBudget {
                 .count() as u64;
             self.release(&deleted).await?;
         }
+        // The figures read every step come from here (`last_status`).
+        self.attach().await?;
         Ok(done)
     }
 

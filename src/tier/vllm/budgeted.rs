@@ -102,12 +102,13 @@ impl VllmTransfers {
 
     /// The byte budget's counters and gauges (`None` without one); with
     /// the fleet's books, their capacity, committed and held bytes and
-    /// entries (asked of the server; nothing when it does not answer).
+    /// entries as the last upkeep (every third of a lease) or
+    /// [`reconcile`](Self::reconcile) read them: no request is made here.
     pub fn capacity_stats(&self) -> Option<CapacityStats> {
         let budget = self.budget.as_ref()?;
         #[cfg(fleet_index)]
-        if let (Books::Fleet(fleet), Home::Bucket(bucket)) = (&budget.books, &self.home) {
-            return bucket.run(super::fleet::stats(fleet));
+        if let Books::Fleet(fleet) = &budget.books {
+            return super::fleet::stats(fleet);
         }
         Some(budget.books.stats())
     }

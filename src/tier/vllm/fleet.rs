@@ -61,7 +61,7 @@ impl VllmTransfers {
             tracing::warn!(%error, "the fleet's books are not ready yet");
         }
         let mut scan = ScanReport::default();
-        if let Ok(status) = bucket.run(fleet.status()) {
+        if let Some(status) = fleet.last_status() {
             scan.blocks = status.blocks;
             scan.bytes = status.committed;
         }
@@ -165,9 +165,10 @@ pub(super) async fn trim(
     fleet.set_capacity(&**bucket.layout.store(), capacity).await
 }
 
-/// The books' figures as a ledger's gauges.
-pub(super) async fn stats(fleet: &FleetBudget) -> Option<CapacityStats> {
-    let status = fleet.status().await.ok()?;
+/// The books' figures as a ledger's gauges, as the last upkeep read them
+/// (no request: vLLM's tier manager reads them every step).
+pub(super) fn stats(fleet: &FleetBudget) -> Option<CapacityStats> {
+    let status = fleet.last_status()?;
     Some(CapacityStats {
         capacity_bytes: status.capacity,
         resident_bytes: status.committed,
