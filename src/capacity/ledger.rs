@@ -476,19 +476,7 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
     /// The victim's file could not be deleted: it stays resident (and goes
     /// to the back of the eviction order).
     pub fn eviction_failed(&mut self, victim: Victim<K>) -> Result<(), LedgerError> {
-        self.stats.eviction_failures += 1;
-        if victim.cause == Cause::StartupTrim {
-            return Ok(());
-        }
-        let entry = self.evicting_entry(&victim)?;
-        entry.state = State::Resident {
-            pins: 0,
-            lost: false,
-        };
-        self.evicting_bytes -= victim.bytes;
-        self.evictable_bytes += victim.bytes;
-        self.order.insert(&victim.key, victim.bytes);
-        Ok(())
+        self.restore_victim(victim, false)
     }
 
     /// The victim's store could not be reached to delete it: it stays
@@ -498,6 +486,12 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
     /// back). For a failure of this one block, use
     /// [`eviction_failed`](Self::eviction_failed).
     pub fn eviction_deferred(&mut self, victim: Victim<K>) -> Result<(), LedgerError> {
+        self.restore_victim(victim, true)
+    }
+
+    /// A victim not deleted becomes resident again: at the eviction end
+    /// (`keep_place`) or at the back of the order.
+    fn restore_victim(&mut self, victim: Victim<K>, keep_place: bool) -> Result<(), LedgerError> {
         self.stats.eviction_failures += 1;
         if victim.cause == Cause::StartupTrim {
             return Ok(());
@@ -510,7 +504,11 @@ impl<K: Clone + Eq + Hash> CapacityLedger<K> {
         self.evicting_bytes -= victim.bytes;
         self.evictable_bytes += victim.bytes;
         // guard: E36-a-deferred-victim-keeps-its-place
-        self.order.insert_cold(&victim.key, victim.bytes);
+        if keep_place {
+            self.order.insert_cold(&victim.key, victim.bytes);
+        } else {
+            self.order.insert(&victim.key, victim.bytes);
+        }
         Ok(())
     }
 
