@@ -3,7 +3,8 @@ real vLLM, on a real S3 server (SeaweedFS) and a real Valkey, both started
 for this module on loopback (``seaweed.py``, ``valkey.py``).
 
 - hosts sharing a prefix stay within one ``capacity_bytes`` at every
-  store, and one host's stores are another's hits and loads through vLLM's
+  store, each host's stores and evictions are its KV events, and one
+  host's stores are another's hits and loads through vLLM's
   ``TieringOffloadingManager``, the lookups answered by the books;
 - a Valkey restarted (its books lost): lookups miss and stores fail; one
   host rebuilds the books from a listing and hits come back;
@@ -50,10 +51,11 @@ def memory():
     return data
 
 
-def fleet_tier(server, valkey, memory, prefix, **settings):
+def fleet_tier(server, valkey, memory, prefix, events=False, **settings):
     settings.setdefault("index", valkey.url)
     return ObjectTier(
-        offloading_spec=offloading_spec(),
+        offloading_spec=offloading_spec(kv_events=events),
+        enable_kv_events=events,
         primary_kv_view=memoryview(memory),
         tier_type="kvtier-fleet",
         store_config=server.store_config(BUCKET),
@@ -102,9 +104,9 @@ def resolve(tier, keys, ctx, timeout=20.0):
 
 def test_hosts_share_one_budget_and_one_hosts_stores_are_anothers_hits(server, valkey, memory):
     budget = 3 * BLOCK_BYTES
-    a = fleet_tier(server, valkey, memory, "shared", capacity_bytes=budget)
+    a = fleet_tier(server, valkey, memory, "shared", events=True, capacity_bytes=budget)
     other = primary_memory(BLOCKS, BLOCK_BYTES)
-    b = fleet_tier(server, valkey, other, "shared", capacity_bytes=budget)
+    b = fleet_tier(server, valkey, other, "shared", events=True, capacity_bytes=budget)
     try:
         listed = lambda: sum(server.list_objects(BUCKET, a.rank_prefix + "/").values())  # noqa: E731
         for n in range(6):
@@ -112,6 +114,13 @@ def test_hosts_share_one_budget_and_one_hosts_stores_are_anothers_hits(server, v
             tier.submit_store(job(n, [key(n)], [n]))
             assert [r.success for r in finish(tier)] == [True]
             assert listed() <= budget, f"after store {n}"
+        # Each host's KV events: its stores, and the blocks it evicted to
+        # make room (room for three: B's store of 3 evicted 0, A's of 4
+        # evicted 1, B's of 5 evicted 2).
+        for tier, stored, removed in ((a, [0, 2, 4], [[1]]), (b, [1, 3, 5], [[0], [2]])):
+            events = list(tier.take_events())
+            assert [e.keys for e in events if not e.removed] == [[key(n)] for n in stored]
+            assert [e.keys for e in events if e.removed] == [[key(n) for n in keys] for keys in removed]
         # B sees what A stored (and what the fleet evicted) from the books.
         assert resolve(b, [key(0), key(3), key(4), key(5)], context("b")) == [
             LookupResult.MISS, LookupResult.HIT, LookupResult.HIT, LookupResult.HIT]

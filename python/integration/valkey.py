@@ -145,6 +145,23 @@ class Valkey:
                 reply += chunk
             return reply
 
+    def ask(self, *args: str) -> list[str]:
+        """One command whose reply is an array (``KEYS``, ``HGETALL``): its
+        bulk strings, read whole however many reads it takes; a nil is
+        ``""``."""
+        request = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(request)
+            reader = sock.makefile("rb")
+            head = reader.readline().rstrip(b"\r\n")
+            if head.startswith(b"-"):
+                raise RuntimeError(f"valkey refused {args}: {head.decode()}")
+            items = []
+            for _ in range(int(head[1:]) if head.startswith(b"*") else 0):
+                size = int(reader.readline().rstrip(b"\r\n")[1:])
+                items.append(reader.read(size + 2)[:-2].decode() if size >= 0 else "")
+            return items
+
     def ping(self) -> bool:
         try:
             return self.command_reply("PING").startswith(b"+PONG")

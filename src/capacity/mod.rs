@@ -63,6 +63,7 @@
 
 mod audit;
 mod changes;
+mod fleet_host;
 mod ledger;
 mod listings;
 mod policy;
@@ -73,6 +74,7 @@ mod shared;
 mod stats;
 
 pub use changes::MAX_CHANGES;
+pub use fleet_host::{FleetHost, MAX_TOUCHES};
 pub use ledger::{
     Admission, CapacityLedger, Cause, LedgerError, Pin, Rejection, Reservation, Victim,
 };

@@ -135,4 +135,16 @@ MUTATIONS = [
         [("        if store.head(&location).await.is_err() {", "        if store.head(&location).await.is_err() && false {")],
         TEST + ["-p", "kvtier", "--test", "fleet_budget", "a_write_whose_object_was_evicted"],
     ),
+    Mutation(
+        "G23-a-key-is-renewed-until-its-last-hold-goes",
+        "the first of two pins of a block let go stops renewing it: the other read's pin lapses and the block can be evicted under it",
+        [("            Some(count) if *count > 1 => {", "            Some(count) if *count > 99 => {")],
+        TEST + ["-p", "kvtier", "--lib", "holds_count_and_the_last_one_lets_go"],
+    ),
+    Mutation(
+        "G24-a-commit-is-a-change-for-the-lookups",
+        "a host's commits are not logged: its lookups keep the misses they cached for blocks it has since stored (never settled)",
+        [("                budget.inner.host.note_changes([self.key.as_str()], true);\n", "")],
+        TEST + ["-p", "kvtier", "--test", "vllm_fleet", "a_hosts_commits_and_the_blocks_it_takes_out"],
+    ),
 ]

@@ -4,7 +4,9 @@ server (SeaweedFS) and one budget and recency in a real Valkey
 (``index``), the budget below the working set.
 
 - host A computes the six prompts; the books keep the prefix within the
-  budget at every store (the bucket is sampled every 0.2 s throughout);
+  budget at every store (the bucket is sampled every 0.2 s throughout); a
+  subscriber to A's KV events (ZMQ, as a router) sees the blocks stored in
+  the bucket and those A evicted (``BlockStored``, ``BlockRemoved``);
 - host B serves A's newest prompts (4-5) from the bucket, its lookups
   answered by the books: those prompt tokens are loaded, none computed,
   the same tokens as without offloading;
@@ -22,13 +24,13 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, check, tail, wait_for_group
 from e2e_fleet import CREDENTIALS, Sampler, fresh_prompts, tier_counts, wait_ready
+from kv_events_sub import KvEventSubscriber
 
 sys.path.insert(0, str(HERE.parent))
 from seaweed import Seaweed  # noqa: E402
@@ -61,47 +63,12 @@ def books_form(server: Seaweed, valkey: Valkey) -> dict:
     }
 
 
-def ask(valkey: Valkey, *args: str) -> list:
-    """One command's reply as a list of its bulk strings (a multi-bulk reply
-    read whole, however many reads it takes)."""
-    request = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
-    with socket.create_connection(("127.0.0.1", valkey.port), timeout=5) as sock:
-        sock.sendall(request)
-        data = b""
-
-        def line() -> bytes:
-            nonlocal data
-            while b"\r\n" not in data:
-                chunk = sock.recv(65536)
-                check(bool(chunk), f"valkey closed the connection answering {args}")
-                data += chunk
-            head, data = data.split(b"\r\n", 1)
-            return head
-
-        def bulk(length: int) -> bytes:
-            nonlocal data
-            while len(data) < length + 2:
-                chunk = sock.recv(65536)
-                check(bool(chunk), f"valkey closed the connection answering {args}")
-                data += chunk
-            value, data = data[:length], data[length + 2 :]
-            return value
-
-        head = line()
-        count = int(head[1:]) if head.startswith(b"*") else 0
-        items = []
-        for _ in range(max(count, 0)):
-            size = line()
-            items.append(bulk(int(size[1:])).decode() if size.startswith(b"$") and size != b"$-1" else "")
-        return items
-
-
 def books_status(valkey: Valkey) -> dict:
     """The books' meta hash (every namespace's: one here), or {} when lost."""
-    keys = ask(valkey, "KEYS", "kvtier:*:meta")
+    keys = valkey.ask("KEYS", "kvtier:*:meta")
     if not keys:
         return {}
-    fields = ask(valkey, "HGETALL", keys[0])
+    fields = valkey.ask("HGETALL", keys[0])
     return dict(zip(fields[0::2], fields[1::2]))
 
 
@@ -124,12 +91,27 @@ def run(h: "Harness") -> None:
 def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     form = books_form(server, valkey)
     # Host A: every prompt computed and stored through the books, one at a
-    # time (the books' recency then ranks the prompts: 0 is evicted).
-    a = h.run(
-        "books-a",
-        h.settings("object", h.work / "books-a", object=form, env=CREDENTIALS, max_num_seqs=1),
-    )
+    # time (the books' recency then ranks the prompts: 0 is evicted). A
+    # router's view: a subscriber to A's KV events.
+    events_path = h.work / "books-a-events.sock"
+    events_path.unlink(missing_ok=True)
+    with KvEventSubscriber(events_path) as events:
+        a = h.run(
+            "books-a",
+            h.settings(
+                "object", h.work / "books-a", object=form, env=CREDENTIALS, max_num_seqs=1,
+                kv_events=events.endpoint, tier_options={"enable_kv_events": True},
+            ),
+        )
     h.same_outputs("books host A", a["outputs"])
+    stored, removed = set(events.stored["STORAGE"]), set(events.removed["STORAGE"])
+    check(
+        stored and removed <= stored and len(removed) >= len(stored) - CAPACITY // BLOCK_BYTES,
+        f"books host A: its KV events say {len(stored)} blocks stored in the bucket and {len(removed)} "
+        f"removed ({len(removed - stored)} never stored), for a budget of {CAPACITY // BLOCK_BYTES}: "
+        f"{events.summary()}",
+    )
+    h.notes.append(f"books host A's KV events: {events.summary()}")
     status = books_status(valkey)
     check(
         0 < int(status.get("committed", 0)) <= CAPACITY,

@@ -27,7 +27,8 @@ be in flight), ``linger`` (seconds to wait after the prompts before the
 shutdown, while the engine core goes on with its stores), ``barrier`` (a
 directory: once the engine is up it writes ``<barrier>/<pid>.ready`` and
 waits, at most 10 minutes, for ``<barrier>/go``, so that engines started
-together run their prompts together).
+together run their prompts together), ``kv_events`` (an ``ipc://``
+endpoint the engine publishes its KV events on, through ZMQ).
 """
 
 from __future__ import annotations
@@ -161,6 +162,14 @@ def main() -> None:
         kwargs["load_format"] = settings["load_format"]
     if settings.get("num_gpu_blocks"):
         kwargs["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    if settings.get("kv_events"):
+        # KV events published on a local endpoint (``ipc://``) for a
+        # subscriber of the harness's.
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=settings["kv_events"]
+        )
     if settings.get("connector"):
         kwargs["kv_transfer_config"] = connector_config(settings)
     elif settings["tier"]:

@@ -5,7 +5,6 @@
 //! runs when the books are lost. docs/design.md, "The fleet's books in
 //! Valkey".
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use object_store::path::Path as ObjectPath;
@@ -13,6 +12,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::books::{FleetBooks, FleetError};
 use super::ops::{Op, Reply};
+use crate::capacity::FleetHost;
 use crate::capacity::Rejection;
 use crate::sync::{Arc, Mutex};
 use crate::tier::error::TierError;
@@ -45,18 +45,12 @@ pub(super) struct Inner {
     /// The books' epoch as this host knows it (`None`: lost or never
     /// attached: steps answer misses and refuse stores).
     pub(super) epoch: Mutex<Option<String>>,
-    /// Keys this host holds an entry or pins of (with a count of the pins),
-    /// renewed by [`FleetBudget::maintain`].
-    pub(super) held: Mutex<HashMap<String, u32>>,
-    /// Hits since the last [`FleetBudget::maintain`] (at most
-    /// [`MAX_TOUCHES`]: the rest of a burst is not touched).
-    pub(super) touches: Mutex<Vec<String>>,
+    /// Its holds (renewed by [`FleetBudget::maintain`]), the hits it has
+    /// not touched yet and the changes it made.
+    pub(super) host: FleetHost,
     /// The books' state as the last [`FleetBudget::maintain`] read it.
     pub(super) last_status: Mutex<Option<super::ops::BooksStatus>>,
 }
-
-/// Hits kept for the next touch at most.
-const MAX_TOUCHES: usize = 1 << 16;
 
 /// A reservation: commit it once the object is written.
 #[derive(Debug)]
@@ -107,8 +101,7 @@ impl FleetBudget {
                 capacity,
                 lease,
                 epoch: Mutex::new(None),
-                held: Mutex::new(HashMap::new()),
-                touches: Mutex::new(Vec::new()),
+                host: FleetHost::new(),
                 last_status: Mutex::new(None),
             }),
         };
@@ -156,7 +149,7 @@ impl FleetBudget {
         let mut current = self.inner.epoch.lock();
         if *current != epoch {
             // Entries of other books are void: stop renewing them.
-            self.inner.held.lock().clear();
+            self.inner.host.clear_holds();
             *current = epoch;
         }
     }
@@ -216,14 +209,8 @@ impl FleetBudget {
 
     /// Notes hits to touch at the next [`maintain`](Self::maintain).
     pub fn note_hits(&self, locations: impl IntoIterator<Item = ObjectPath>) {
-        let mut touches = self.inner.touches.lock();
-        let room = MAX_TOUCHES.saturating_sub(touches.len());
-        touches.extend(
-            locations
-                .into_iter()
-                .take(room)
-                .map(|location| location.to_string()),
-        );
+        let keys = locations.into_iter().map(|location| location.to_string());
+        self.inner.host.note_hits(keys);
     }
 
     /// Room for `bytes` at `location`: the books' answer, after deleting
@@ -269,6 +256,7 @@ impl FleetBudget {
                     // A victim whose object cannot be deleted stays held:
                     // its lease ends and a sweeper settles it.
                     let deleted = self.delete_in_epoch(store, &keys, &epoch).await;
+                    self.note_gone(&deleted);
                     // guard: G12-only-deleted-victims-are-released
                     self.release(&deleted).await?;
                     if deleted.len() < keys.len() {
@@ -354,6 +342,7 @@ impl FleetBudget {
                     self.hold(key);
                 }
                 let deleted = delete_objects(store, &keys).await;
+                self.note_gone(&deleted);
                 self.release(&deleted).await?;
                 Ok(deleted.len())
             }
@@ -363,31 +352,44 @@ impl FleetBudget {
 
     /// The object at `location` was found missing: it leaves the books.
     pub async fn forget(&self, location: &ObjectPath) -> Result<(), TierError> {
-        self.step(&Op::Forget {
-            key: location.to_string(),
-        })
-        .await
-        .map(drop)
+        let key = location.to_string();
+        self.note_gone(std::slice::from_ref(&key));
+        self.step(&Op::Forget { key }).await.map(drop)
+    }
+
+    /// Starts (or stops) logging the blocks this host commits and those it
+    /// takes out of the books (victims and expired evictions deleted,
+    /// objects found missing), for [`take_changes`](Self::take_changes).
+    pub fn record_changes(&self, on: bool) {
+        self.inner.host.record_changes(on);
+    }
+
+    /// Moves the changes logged since the last call into `into`, oldest
+    /// first: `true` for a block committed, `false` for one gone. Blocks
+    /// other hosts add or evict are not in it (their lookups and loads
+    /// learn of them from the books).
+    pub fn take_changes(&self, into: &mut Vec<(ObjectPath, bool)>) {
+        let mut keys = Vec::new();
+        self.inner.host.take_changes(&mut keys);
+        into.extend(
+            keys.into_iter()
+                .map(|(key, present)| (ObjectPath::from(key), present)),
+        );
+    }
+
+    pub(super) fn note_gone(&self, keys: &[String]) {
+        self.inner
+            .host
+            .note_changes(keys.iter().map(String::as_str), false);
     }
 
     pub(super) fn hold(&self, key: &str) {
-        *self.inner.held.lock().entry(key.to_string()).or_default() += 1;
+        self.inner.host.hold(key);
     }
 
     /// Drops one hold of `key`; true when it was the last.
     pub(super) fn unhold(&self, key: &str) -> bool {
-        let mut held = self.inner.held.lock();
-        match held.get_mut(key) {
-            Some(count) if *count > 1 => {
-                *count -= 1;
-                false
-            }
-            Some(_) => {
-                held.remove(key);
-                true
-            }
-            None => false,
-        }
+        self.inner.host.unhold(key)
     }
 
     pub(super) async fn release(&self, keys: &[String]) -> Result<(), TierError> {
@@ -438,7 +440,10 @@ impl FleetBudget {
             return Err(gone());
         }
         let refused = match self.admit(store, &location, bytes).await {
-            Ok(Admission::Present) => return Ok(()),
+            Ok(Admission::Present) => {
+                self.inner.host.note_changes([key], true);
+                return Ok(());
+            }
             Ok(Admission::Write(write)) => {
                 return match store.head(&location).await {
                     Ok(_) => Box::pin(write.commit(store)).await,
@@ -479,7 +484,11 @@ impl FleetWrite {
             token: budget.inner.token.clone(),
         };
         match budget.step(&op).await {
-            Ok(Reply::Committed) => Ok(()),
+            Ok(Reply::Committed) => {
+                // guard: G24-a-commit-is-a-change-for-the-lookups
+                budget.inner.host.note_changes([self.key.as_str()], true);
+                Ok(())
+            }
             Ok(Reply::Refused) => {
                 // guard: G11-a-refused-commit-deletes-its-object
                 delete_objects(store, std::slice::from_ref(&self.key)).await;

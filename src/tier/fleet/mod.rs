@@ -6,6 +6,8 @@
 //! - [`ops`]: the operations and their replies, apart from any client
 //!   library (the reference model in models/ answers the same ones).
 //! - `books` (feature `fleet`): the client on redis-rs.
+//! - [`FleetHost`](crate::capacity::FleetHost): what a host keeps beside
+//!   the books (holds, touches, changes), without I/O: checked under loom.
 //! - `budget` (feature `fleet`): a host's side: room, commits, pins,
 //!   lookups, leases renewed, hits touched, expired entries swept, lost
 //!   books rebuilt from a listing.

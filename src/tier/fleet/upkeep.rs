@@ -35,7 +35,7 @@ impl FleetBudget {
                 return Ok(done);
             }
         }
-        let keys: Vec<String> = self.inner.held.lock().keys().cloned().collect();
+        let keys: Vec<String> = self.inner.host.held_keys();
         if !keys.is_empty() {
             let op = Op::Renew {
                 token: self.inner.token.clone(),
@@ -46,7 +46,7 @@ impl FleetBudget {
                 done.renewed = n;
             }
         }
-        let touches = std::mem::take(&mut *self.inner.touches.lock());
+        let touches = self.inner.host.take_touches();
         if !touches.is_empty()
             && let Reply::Touched(n) = self.step(&Op::Touch { keys: touches }).await?
         {
@@ -65,6 +65,14 @@ impl FleetBudget {
             }
             let deleted = self.delete_in_epoch(store, &keys, &epoch).await;
             done.settled = deleted.len() as u64;
+            // Expired evictions' blocks were committed: now gone. Expired
+            // reservations' never were.
+            let evicted: Vec<String> = claimed
+                .iter()
+                .filter(|(key, kind, _)| *kind == HeldKind::Evicting && deleted.contains(key))
+                .map(|(key, _, _)| key.clone())
+                .collect();
+            self.note_gone(&evicted);
             done.claimed_reservations = claimed
                 .iter()
                 .filter(|(_, kind, _)| *kind == HeldKind::Reserved)

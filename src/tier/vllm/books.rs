@@ -41,7 +41,7 @@ impl Books {
             #[cfg(object_tier)]
             Self::Objects(objects) => objects.record_changes(on),
             #[cfg(fleet_index)]
-            Self::Fleet(_) => {}
+            Self::Fleet(fleet) => fleet.record_changes(on),
         }
     }
 

@@ -3,7 +3,10 @@
 //!
 //! With a byte budget the budget's ledger logs them, under its lock, in
 //! the order they happened: a store when it commits (its file is in place),
-//! a deletion once the file is gone. Without a budget no block ever leaves
+//! a deletion once the file is gone. With the fleet's books, this host's
+//! steps log theirs (a commit, a victim deleted, an object found missing;
+//! see [`FleetHost`](crate::capacity::FleetHost)): what other hosts add or evict, lookups
+//! learn from the books, and loads from their pins. Without a budget no block ever leaves
 //! through the transfers, so the stores reported by
 //! [`finished`](VllmTransfers::finished) are the whole story.
 
@@ -53,6 +56,17 @@ impl VllmTransfers {
             (Books::Objects(objects), Home::Bucket(bucket)) => {
                 let mut locations = Vec::new();
                 objects.take_changes(&mut locations);
+                locations
+                    .into_iter()
+                    .filter_map(|(location, present)| {
+                        Some((bucket.layout.key_of(&location)?, present))
+                    })
+                    .collect()
+            }
+            #[cfg(fleet_index)]
+            (Books::Fleet(fleet), Home::Bucket(bucket)) => {
+                let mut locations = Vec::new();
+                fleet.take_changes(&mut locations);
                 locations
                     .into_iter()
                     .filter_map(|(location, present)| {

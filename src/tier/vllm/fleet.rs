@@ -56,6 +56,9 @@ impl VllmTransfers {
             config.capacity().get(),
             index.lease(),
         ));
+        if self.changes.is_some() {
+            fleet.record_changes(true);
+        }
         // Attached, or the books rebuilt, before the first store.
         if let Err(error) = bucket.run(upkeep(&fleet, bucket)) {
             tracing::warn!(%error, "the fleet's books are not ready yet");
