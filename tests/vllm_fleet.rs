@@ -211,3 +211,106 @@ fn a_restarted_index_is_rebuilt_from_the_bucket() {
         .unwrap();
     assert_eq!(verdicts, [true, true, true, false]);
 }
+
+#[test]
+fn a_hosts_commits_and_the_blocks_it_takes_out_are_its_changes() {
+    let Some(valkey) = ValkeyServer::start("a_hosts_commits_and_the_blocks_it_takes_out") else {
+        return;
+    };
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-fleet");
+    server.create_bucket(&bucket);
+    let options = server.s3_options(&bucket);
+    let (mut a, mut b) = (host(&options, &valkey, 6), host(&options, &valkey, 6));
+    // Recording starts after the budget here (the tier may start it in
+    // either order).
+    a.record_changes(true);
+    b.record_changes(true);
+    for i in 0..6 {
+        let host = if i % 2 == 0 { &mut a } else { &mut b };
+        host.region()
+            .unwrap()
+            .write_block(i, &vec![1; BLOCK])
+            .unwrap();
+        assert!(run(host, TransferKind::Store, i as u64, &[i as u64], &[i]).succeeded());
+    }
+    // Room for four: A's store of 4 evicted 0 (A's), B's store of 5
+    // evicted 1 (B's); each host logs its own steps, in order.
+    let change = |n: u64, present: bool| (key(n), present);
+    assert_eq!(
+        a.take_changes(),
+        [
+            change(0, true),
+            change(2, true),
+            change(0, false),
+            change(4, true)
+        ]
+    );
+    assert_eq!(
+        b.take_changes(),
+        [
+            change(1, true),
+            change(3, true),
+            change(1, false),
+            change(5, true)
+        ]
+    );
+    // An object gone behind the books' back: B's load finds it missing and
+    // the block leaves the books, a change of B's.
+    let layout = VllmObjectLayout::s3(&options, RANK).unwrap();
+    let location = layout.location_of(&key(2)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(object_store::ObjectStoreExt::delete(
+            &**layout.store(),
+            &location,
+        ))
+        .unwrap();
+    assert!(!run(&mut b, TransferKind::Load, 20, &[2], &[0]).succeeded());
+    assert_eq!(b.take_changes(), [change(2, false)]);
+    assert!(a.take_changes().is_empty(), "taken once");
+}
+
+#[test]
+fn a_process_without_transfers_looks_up_through_books_of_its_own() {
+    let Some(valkey) = ValkeyServer::start("a_process_without_transfers_looks_up") else {
+        return;
+    };
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("vllm-fleet");
+    server.create_bucket(&bucket);
+    let options = server.s3_options(&bucket);
+    let mut a = host(&options, &valkey, 2);
+    a.region().unwrap().write_block(0, &[3; BLOCK]).unwrap();
+    assert!(run(&mut a, TransferKind::Store, 1, &[0], &[0]).succeeded());
+    // The KV connector's scheduler: its lookups run on a runtime of the
+    // lookup's, the books' connection on its own.
+    let layout = VllmObjectLayout::s3(&options, RANK)
+        .unwrap()
+        .with_own_index(&budget(4), &index(&valkey))
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let verdicts = runtime
+        .block_on(layout.batch_lookup(&[key(0), key(1)], &()))
+        .unwrap();
+    assert_eq!(verdicts, [true, false]);
+    assert_eq!(layout.stats().heads, 0, "answered by the books");
+    // Its last clone may go inside a task: the books' runtime stops
+    // without blocking it.
+    runtime.block_on(async move { drop(layout) });
+    // An unreachable index is an error at once.
+    let unreachable = IndexConfig::new("redis://127.0.0.1:9/").unwrap();
+    let refused = VllmObjectLayout::s3(&options, RANK)
+        .unwrap()
+        .with_own_index(&budget(4), &unreachable);
+    assert!(
+        matches!(refused, Err(kvtier::TierError::Index { .. })),
+        "{refused:?}"
+    );
+}

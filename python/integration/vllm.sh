@@ -268,7 +268,8 @@ connector_tests() {
     fi
     bounded 600 "$WORK/pytest-connector-ours.log" python/integration env HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 \
         KVTIER_VLLM_SDIST="$WORK/sdist" "$PY" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=$FAULT \
-        test_connector_in_vllm.py test_connector_lockstep.py test_connector_on_s3_in_vllm.py
+        test_connector_in_vllm.py test_connector_lockstep.py test_connector_on_s3_in_vllm.py \
+        test_connector_books_in_vllm.py
 }
 
 end_to_end() {

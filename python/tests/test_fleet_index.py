@@ -126,6 +126,27 @@ def test_hosts_share_the_books_and_lookups_ask_them(valkey_url, s3_endpoint, s3_
             assert verdicts == [MISS, MISS, HIT, HIT, HIT]
         finally:
             lookup.shutdown()
+        # A process without transfers (the KV connector's scheduler): the
+        # lookup's own connection to the same books.
+        lookup = Lookup.vllm_objects(
+            target, prefix, index=settings["index"], index_lease=5, capacity_bytes=3 * BLOCK,
+            concurrency=1, group_timeout=5.0,
+        )
+        try:
+            keys = [key(n) for n in range(5)]
+            lookup.lookup_many(keys, "r")
+            lookup.flush()
+            lookup.wait_idle()
+            assert lookup.lookup_many(keys, "r")[0] == [MISS, MISS, HIT, HIT, HIT]
+        finally:
+            lookup.shutdown()
+        with pytest.raises(ConfigError, match="capacity_bytes"):
+            Lookup.vllm_objects(target, prefix, index=settings["index"])
+        with pytest.raises(ConfigError, match="exclusive"):
+            Lookup.vllm_objects(target, prefix, index=settings["index"], capacity_bytes=BLOCK,
+                                transfers=hosts[0][1])
+        with pytest.raises(ConfigError, match="without index"):
+            Lookup.vllm_objects(target, prefix, capacity_bytes=BLOCK)
     finally:
         for _, transfers in hosts:
             transfers.shutdown(0.0)

@@ -36,6 +36,8 @@ _DEFAULTS: dict[str, Any] = {
     "capacity_bytes": None,
     "eviction_policy": None,
     "rescan_interval": None,
+    "index": None,
+    "index_lease": None,
 }
 
 
@@ -56,6 +58,8 @@ _KNOWN = {
     "capacity_bytes",
     "eviction_policy",
     "rescan_interval",
+    "index",
+    "index_lease",
 }
 
 
@@ -82,6 +86,9 @@ class ConnectorSettings:
     #: The bucket and prefix (a native ``ObjectTarget``) when the blocks
     #: live in an object store; ``None`` for ``root_dir``.
     target: Any = None
+    #: The fleet's books (``redis://…``) and their lease, on a bucket.
+    index: Optional[str] = None
+    index_lease: Optional[float] = None
 
     @staticmethod
     def from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> "ConnectorSettings":
@@ -159,6 +166,8 @@ class ConnectorSettings:
             rescan_interval=checked["rescan_interval"],
             run_config=mapper.get_run_config(),
             target=target,
+            index=checked.get("index"),
+            index_lease=checked.get("index_lease"),
         )
 
     def rank_dir(self, rank: int) -> str:

@@ -52,11 +52,19 @@ class SchedulerSide:
             # One listing: the store answers, takes the credentials and has
             # the bucket, or the error names the setting to fix.
             settings.target.check_reachable(settings.rank_dir(0))
+            # With the fleet's books (index), they answer: the transfers
+            # are the workers', so the lookups connect on their own.
+            books = {} if settings.index is None else {
+                "index": settings.index,
+                "index_lease": settings.index_lease,
+                "capacity_bytes": settings.capacity_bytes,
+            }
             self.lookup = Lookup.vllm_objects(
                 settings.target,
                 settings.rank_dir(0),
                 concurrency=settings.lookup_concurrency,
                 group_timeout=settings.lookup_timeout,
+                **books,
             )
         else:
             self.lookup = Lookup.vllm_fs(

@@ -62,6 +62,8 @@ class WorkerSide:
             eviction_policy=self.settings.eviction_policy,
             rescan_interval=self.settings.rescan_interval,
             target=self.settings.target,
+            index=self.settings.index,
+            index_lease=self.settings.index_lease,
             # The scheduler's lookups probe rank 0's directory: its changes
             # settle them (see worker_meta).
             # guard: K12-rank-0-records-its-changes

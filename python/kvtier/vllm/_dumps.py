@@ -108,6 +108,8 @@ class DumpEngine:
         rescan_interval: Optional[float] = None,
         record_changes: bool = False,
         target: Any = None,
+        index: Optional[str] = None,
+        index_lease: Optional[float] = None,
     ) -> None:
         if len(groups) != 1:
             raise ValueError(f"the connector handles one KV-cache group, not {len(groups)}")
@@ -137,6 +139,8 @@ class DumpEngine:
                 "eviction_policy": eviction_policy,
                 "stale_temp_age": stale_temp_age,
                 "rescan_interval": rescan_interval,
+                "index": index,
+                "index_lease": index_lease,
             },
             target=target,
         )

@@ -65,7 +65,13 @@ room made by eviction before each dump, a dump without room a failed dump,
 nothing lost), ``eviction_policy`` (``"lru"`` or ``"s3fifo"``) and
 ``rescan_interval`` (``None``: never; otherwise seconds between reconciles
 of each rank's budget with its directory, for engines sharing it, as
-``kvtier.vllm.FsTier`` does).
+``kvtier.vllm.FsTier`` does). In an object store (``url`` or
+``store_config``, as ``kvtier.vllm.ObjectTier`` takes them), ``index``
+(``redis://host:6379``, with ``capacity_bytes``) bounds each rank's prefix
+by the fleet's books in Valkey, shared by every engine writing into it,
+and ``index_lease`` (30 s) is their lease: the workers' dumps reserve and
+commit in the books, and the scheduler's lookups ask them, one round trip
+per group, over a connection of their own.
 
 Models with one KV-cache group, block hashes of one block each. Needs
 vLLM (0.32).

@@ -80,29 +80,43 @@ impl PyLookup {
     /// `<rank_prefix>/<hex[:3]>/<hex[3:5]>_g<group>/<hex>.bin`, one HEAD
     /// per key, a group's keys concurrently. Native, like `vllm_fs`. With
     /// `transfers` budgeted by the fleet's books (`index`), the books
-    /// answer instead: one round trip per group.
+    /// answer instead: one round trip per group. A process without
+    /// transfers (the KV connector's scheduler) gives `index` (with
+    /// `capacity_bytes`, and `index_lease`) to ask the books over a
+    /// connection of the lookup's own.
     #[staticmethod]
-    #[pyo3(signature = (target, rank_prefix, *, transfers = None, **settings))]
+    #[pyo3(signature = (
+        target, rank_prefix, *, transfers = None, index = None, index_lease = None,
+        capacity_bytes = None, **settings
+    ))]
     fn vllm_objects(
         target: &Bound<'_, crate::objects::PyObjectTarget>,
         rank_prefix: &str,
         transfers: Option<&Bound<'_, crate::transfers::PyVllmTransfers>>,
+        index: Option<&Bound<'_, PyAny>>,
+        index_lease: Option<&Bound<'_, PyAny>>,
+        capacity_bytes: Option<&Bound<'_, PyAny>>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<Self>> {
         guard(|| {
             let settings = native_config(settings)?;
-            let mut layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
+            let layout = VllmObjectLayout::s3(target.get().inner.options(), rank_prefix)
                 .map_err(tier_error)?;
-            let fleet = match transfers {
-                Some(transfers) => transfers.borrow().fleet_budget()?,
-                None => None,
-            };
-            if let Some(fleet) = fleet {
-                layout = layout.with_index(fleet);
-            }
+            let layout = super::books::answered_by_books(
+                target.py(),
+                layout,
+                transfers,
+                (index, index_lease),
+                capacity_bytes,
+            )?;
             let describe = format!(
-                "vllm_objects({:?}, {rank_prefix:?})",
-                target.get().inner.options().get_bucket()
+                "vllm_objects({:?}, {rank_prefix:?}{})",
+                target.get().inner.options().get_bucket(),
+                if layout.answers_from_books() {
+                    ", books"
+                } else {
+                    ""
+                }
             );
             Self::native(describe, layout, settings)
         })

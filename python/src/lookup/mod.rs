@@ -2,6 +2,7 @@
 //! `str` request ids, over a native prober (kvtier's fs tier, vLLM's fs
 //! layout, an object store) or a Python backend.
 
+mod books;
 mod handle;
 mod methods;
 

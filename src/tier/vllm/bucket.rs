@@ -82,6 +82,9 @@ pub struct VllmObjectLayout {
     /// The fleet's books, which answer the lookups instead of `HEAD`s.
     #[cfg(fleet_index)]
     pub(super) index: Option<crate::tier::fleet::FleetBudget>,
+    /// The runtime of books of the layout's own (`with_own_index`).
+    #[cfg(fleet_index)]
+    pub(super) own_books: Option<Arc<super::fleet_lookups::OwnBooks>>,
 }
 
 #[derive(Debug, Default)]
@@ -114,6 +117,8 @@ impl VllmObjectLayout {
             uploads: None,
             #[cfg(fleet_index)]
             index: None,
+            #[cfg(fleet_index)]
+            own_books: None,
         })
     }
 

@@ -24,6 +24,8 @@ mod budgeted;
 mod changes;
 #[cfg(fleet_index)]
 mod fleet;
+#[cfg(fleet_index)]
+mod fleet_lookups;
 mod home;
 mod job;
 mod layout;
