@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::MAX_CHANGES;
+use super::changes::MAX_CHANGES;
 use crate::sync::Mutex;
 
 /// Hits kept for the next touch at most (the rest of a burst is not

@@ -10,6 +10,7 @@ server (SeaweedFS) and one budget and recency in a real Valkey
 - host B serves A's newest prompts (4-5) from the bucket, its lookups
   answered by the books: those prompt tokens are loaded, none computed,
   the same tokens as without offloading;
+- the same two prompts computed without a tier (B's time against it);
 - host C stores new prompts, then Valkey is restarted (its books lost):
   C's next batch runs (nothing hangs), the books are rebuilt from a
   listing, and A's prompts 4-5 are loaded from the bucket again;
@@ -126,6 +127,16 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     check(
         loaded == 2 * PROMPT_TOKENS,
         f"books host B: {loaded} prompt tokens loaded of A's prompts 4-5 ({2 * PROMPT_TOKENS}): {b['metrics']}",
+    )
+    # The same two prompts computed, no tier: what B's loads are against.
+    plain = h.settings(None, h.work / "books-plain")
+    plain["prompts"] = h.prompts[4:6]
+    recomputed = h.run("books-recompute", plain)
+    h.same_outputs("books, recomputed", {str(int(k) + 4): v for k, v in recomputed["outputs"].items()}, only={4, 5})
+    h.notes.append(
+        f"books host B: generate() of A's prompts 4-5, every prompt block from the bucket through the books, "
+        f"{b['seconds']:.2f} s; computing them {recomputed['seconds']:.2f} s "
+        f"({b['seconds'] / recomputed['seconds']:.2f}x)"
     )
     restarted(h, server, valkey, form)
     sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))

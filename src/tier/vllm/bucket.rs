@@ -82,9 +82,9 @@ pub struct VllmObjectLayout {
     /// The fleet's books, which answer the lookups instead of `HEAD`s.
     #[cfg(fleet_index)]
     pub(super) index: Option<crate::tier::fleet::FleetBudget>,
-    /// The runtime of books of the layout's own (`with_own_index`).
+    /// What the layout's own books run on (`with_own_index`), kept alive.
     #[cfg(fleet_index)]
-    pub(super) own_books: Option<Arc<super::fleet_lookups::OwnBooks>>,
+    pub(super) own_books: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 #[derive(Debug, Default)]
