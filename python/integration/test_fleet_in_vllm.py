@@ -8,6 +8,8 @@ for this module on loopback (``seaweed.py``, ``valkey.py``).
   ``TieringOffloadingManager``, the lookups answered by the books;
 - a Valkey restarted (its books lost): lookups miss and stores fail; one
   host rebuilds the books from a listing and hits come back;
+- SeaweedFS stopped: a block the books hold fails to load (vLLM
+  recomputes it), its pin is let go, and it loads once the store is back;
 - a bad ``index`` is an error at start that names it, without the
   password.
 """
@@ -165,6 +167,31 @@ def test_a_restarted_valkey_misses_then_its_books_are_rebuilt(server, valkey, me
         tier.submit_load(job(2, [key(1), key(2)], [5, 6], promotion=True))
         assert [r.success for r in finish(tier)] == [True]
         assert (memory[5] == expected[0]).all() and (memory[6] == expected[1]).all()
+    finally:
+        tier.shutdown()
+
+
+def test_with_the_store_stopped_a_hit_in_the_books_fails_to_load_and_holds_nothing(server, valkey, memory):
+    # The books answer (Valkey is up) but the objects do not (SeaweedFS is
+    # stopped): the load fails (vLLM recomputes the blocks), its pin is let
+    # go, and once the store is back the block loads.
+    tier = fleet_tier(server, valkey, memory, "outage", capacity_bytes=4 * BLOCK_BYTES)
+    try:
+        tier.submit_store(job(1, [key(1)], [0]))
+        assert [r.success for r in finish(tier)] == [True]
+        assert resolve(tier, [key(1)], context("before")) == [LookupResult.HIT]
+        server.stop()
+        try:
+            tier.submit_load(job(2, [key(1)], [5], promotion=True))
+            assert [r.success for r in finish(tier)] == [False], "a failed load, recomputed by vLLM"
+            pins = [k for k in valkey.ask("KEYS", "kvtier:*:pins") if valkey.ask("HGETALL", k)]
+            assert not pins, "the read's pin is let go"
+        finally:
+            server.start()
+        server.wait_serving(BUCKET, next(iter(server.list_objects(BUCKET, tier.rank_prefix + "/"))))
+        tier.submit_load(job(3, [key(1)], [6], promotion=True))
+        assert [r.success for r in finish(tier)] == [True]
+        assert (memory[6] == memory[0]).all()
     finally:
         tier.shutdown()
 

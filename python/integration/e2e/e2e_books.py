@@ -13,7 +13,10 @@ server (SeaweedFS) and one budget and recency in a real Valkey
 - the same two prompts computed without a tier (B's time against it);
 - host C stores new prompts, then Valkey is restarted (its books lost):
   C's next batch runs (nothing hangs), the books are rebuilt from a
-  listing, and A's prompts 4-5 are loaded from the bucket again;
+  listing, and A's prompts 4-5 are loaded from the bucket again; then
+  SeaweedFS is stopped under C's last batch: its stores fail, and once the
+  server is back and C's leases have ended, every entry the books commit
+  has its object;
 - host D is SIGKILLed while its stores are in flight: its reservations
   stay counted until their leases end; then a sweep (another process's
   upkeep) settles them: nothing held, no object the books do not count.
@@ -155,7 +158,7 @@ def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None
         h.work / "books-c",
         object=form,
         pause=str(pause),
-        then=[fresh_prompts(5)[:1], h.prompts[4:6]],
+        then=[fresh_prompts(5)[:1], h.prompts[4:6], fresh_prompts(7)[:1]],
     )
     settings["prompts"] = fresh_prompts(43)[:1]
     process, run_dir = h.start("books-c-restart", settings)
@@ -179,6 +182,17 @@ def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None
     )
     rebuilt_after = time.monotonic() - restarted_at
     (pause / "phase2").touch()
+    # SeaweedFS stopped under C's last batch (a new prompt): its stores
+    # fail; once it is back and their leases have ended, no entry of the
+    # books names an object that was never written.
+    wait_ready(process, run_dir, pause, "phase3")
+    time.sleep(1.0)  # phase 2's stores land
+    server.stop()
+    (pause / "phase3").touch()
+    while process.poll() is None and not (run_dir / "out.json").exists():
+        time.sleep(0.1)
+    server.start()
+    server.wait_serving(BUCKET, next(iter(server.list_objects(BUCKET, f"{PREFIX}/"))))
     c = h._ended(process, run_dir, started)
     h.same_outputs(
         "books host C, after the rebuild",
@@ -190,10 +204,25 @@ def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None
         loaded == 2 * PROMPT_TOKENS,
         f"books host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the rebuild: {c['metrics']}",
     )
+    check("3.0" in c["outputs"], f"books host C: no output for the prompt run while S3 was stopped: {sorted(c['outputs'])}")
+    counts = tier_counts("books host C", c["log"])
+    check(counts["store_failed"] > 0, f"books host C: no store failed while S3 was stopped: {counts}")
+    # C's leases end with it; another process's upkeep settles what C held.
+    time.sleep(LEASE + 1.0)
+    sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))
+    sweep(form, sample.rsplit("/", 3)[0])
+    committed = set(valkey.ask("HKEYS", valkey.ask("KEYS", "kvtier:*:blocks")[0]))
+    listed = set(server.list_objects(BUCKET, f"{PREFIX}/"))
+    check(
+        committed <= listed and int(books_status(valkey).get("held", -1)) == 0,
+        f"books host C: after the S3 outage the books commit {len(committed - listed)} objects never written: "
+        f"{sorted(committed - listed)[:5]}; {books_status(valkey)}",
+    )
     h.notes.append(
         f"books restart: host C's batch ran {during:.1f} s across the Valkey restart; "
         f"books rebuilt {rebuilt_after:.1f} s after it ({rebuilt.get('committed')} bytes committed); "
-        f"A's prompts 4-5 loaded afterwards; {tier_counts('books host C', c['log'])}"
+        f"A's prompts 4-5 loaded afterwards; then S3 stopped under a new prompt: {counts['store_failed']} "
+        f"block stores failed, every committed entry's object listed afterwards; {counts}"
     )
 
 
