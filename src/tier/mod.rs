@@ -31,6 +31,10 @@ mod object;
 mod object_budget;
 #[cfg(object_tier)]
 mod object_budgeted;
+#[cfg(fleet_index)]
+mod object_fleet;
+#[cfg(fleet_index)]
+mod object_indexed;
 #[cfg(object_tier)]
 mod objects;
 #[cfg(fs_tier)]

@@ -71,6 +71,9 @@ pub struct ObjectTier {
     pub(super) budget: Option<Arc<ObjectBudget>>,
     /// Multipart uploads' requests (on S3 only).
     pub(super) uploads: Option<Arc<Uploads>>,
+    /// The fleet's books, once [`with_index`](Self::with_index) set them.
+    #[cfg(fleet_index)]
+    pub(super) index: Option<Arc<super::object_fleet::TierIndex>>,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +106,8 @@ impl ObjectTier {
             max_in_flight: DEFAULT_IN_FLIGHT,
             budget: None,
             uploads: None,
+            #[cfg(fleet_index)]
+            index: None,
         })
     }
 
@@ -226,6 +231,11 @@ impl ObjectTier {
     /// be fetched or is not a whole, intact kvtier block.
     pub async fn load(&self, key: &(impl BlockKey + ?Sized)) -> Result<Option<Vec<u8>>, TierError> {
         let location = self.location_of(key);
+        #[cfg(fleet_index)]
+        if let Some(index) = &self.index {
+            let _permit = self.permit().await;
+            return super::object_fleet::get_indexed(&*self.store, &index.fleet, &location).await;
+        }
         // guard: E27-object-loads-pin-their-blocks
         let _pin = self
             .budget
@@ -274,6 +284,17 @@ impl ObjectTier {
         payload: Vec<u8>,
     ) -> Result<(), TierError> {
         let location = self.location_of(key);
+        #[cfg(fleet_index)]
+        if let Some(index) = &self.index {
+            let _permit = self.permit().await;
+            return super::object_fleet::put_indexed(
+                &*self.store,
+                &index.fleet,
+                &location,
+                &payload,
+            )
+            .await;
+        }
         // guard: E29-a-budgeted-store-outlives-its-caller
         let runtime = tokio::runtime::Handle::try_current();
         if let (Some(budget), Ok(runtime)) = (&self.budget, runtime) {
@@ -317,8 +338,22 @@ impl ObjectTier {
         let requests = self.requests.clone();
         let job_location = location.clone();
         let (task, completer) = SaveTask::start(id, location);
+        #[cfg(fleet_index)]
+        let index = self.index.clone();
         runtime.spawn(async move {
             let _permit = requests.acquire().await.ok();
+            #[cfg(fleet_index)]
+            if let Some(index) = index {
+                let stored = super::object_fleet::put_indexed(
+                    &*store,
+                    &index.fleet,
+                    &job_location,
+                    &payload,
+                )
+                .await;
+                finish(completer, stored);
+                return;
+            }
             let stored = put_within(&*store, budget.as_deref(), &job_location, &payload).await;
             finish(completer, stored);
         });
@@ -362,6 +397,15 @@ where
     type Error = TierError;
 
     async fn batch_lookup(&self, keys: &[K], _request: &R) -> Result<Vec<bool>, TierError> {
+        #[cfg(fleet_index)]
+        if let Some(index) = &self.index {
+            let locations = keys.iter().map(|key| self.location_of(key)).collect();
+            let answered = super::object_fleet::lookup_indexed(&index.fleet, locations).await;
+            self.counters
+                .lookups
+                .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            return answered;
+        }
         // Up to HEADS_IN_FLIGHT heads at once, polled inside this group's
         // future: concurrent on the network without a task per key (a
         // spawned task per head cost more than the head itself in memory).

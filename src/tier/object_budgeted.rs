@@ -127,6 +127,10 @@ impl ObjectTier {
 
     /// The byte budget's counters and gauges (`None` without one).
     pub fn capacity_stats(&self) -> Option<CapacityStats> {
+        #[cfg(fleet_index)]
+        if let Some(index) = &self.index {
+            return index.stats(); // the last upkeep's: no request
+        }
         self.budget.as_ref().map(|budget| budget.stats())
     }
 

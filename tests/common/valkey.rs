@@ -118,3 +118,13 @@ impl Drop for ValkeyServer {
         self.stop();
     }
 }
+
+/// A runtime for a test of the fleet's books (two worker threads: a host's
+/// upkeep task runs beside its steps).
+pub fn books_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

@@ -147,4 +147,11 @@ MUTATIONS = [
         [("                budget.inner.host.note_changes([self.key.as_str()], true);\n", "")],
         TEST + ["-p", "kvtier", "--test", "vllm_fleet", "a_hosts_commits_and_the_blocks_it_takes_out"],
     ),
+    Mutation(
+        "G25-an-indexed-store-is-admitted-by-the-books",
+        "kvtier's ObjectTier with an index puts its blocks without asking the books: the namespace grows past the fleet's capacity",
+        [("    let write = match fleet.admit(store, location, bytes).await? {",
+          "    if bytes > 0 {\n        return put(store, location, payload).await;\n    }\n    let write = match fleet.admit(store, location, bytes).await? {")],
+        TEST + ["-p", "kvtier", "--test", "object_index", "two_tiers_share_one_budget"],
+    ),
 ]

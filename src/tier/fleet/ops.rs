@@ -109,6 +109,20 @@ pub struct BooksStatus {
     pub held_entries: u64,
 }
 
+impl BooksStatus {
+    /// The books' figures as a ledger's gauges (what `capacity_stats`
+    /// reports with an index).
+    pub fn capacity_stats(&self) -> crate::capacity::CapacityStats {
+        crate::capacity::CapacityStats {
+            capacity_bytes: self.capacity,
+            resident_bytes: self.committed,
+            reserved_bytes: self.held,
+            entries: self.blocks + self.held_entries,
+            ..crate::capacity::CapacityStats::default()
+        }
+    }
+}
+
 /// What the server (or the model) answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // each answer is the step's outcome of the same name

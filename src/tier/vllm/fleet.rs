@@ -171,12 +171,5 @@ pub(super) async fn trim(
 /// The books' figures as a ledger's gauges, as the last upkeep read them
 /// (no request: vLLM's tier manager reads them every step).
 pub(super) fn stats(fleet: &FleetBudget) -> Option<CapacityStats> {
-    let status = fleet.last_status()?;
-    Some(CapacityStats {
-        capacity_bytes: status.capacity,
-        resident_bytes: status.committed,
-        reserved_bytes: status.held,
-        entries: status.blocks + status.held_entries,
-        ..CapacityStats::default()
-    })
+    Some(fleet.last_status()?.capacity_stats())
 }
