@@ -1,7 +1,8 @@
 //! `kvtier trim --s3 URL --layout vllm --index REDIS_URL`: the fleet's
 //! books read beside a listing, a fleet-wide capacity set through them,
-//! orphans deleted, lost books rebuilt; bad and unreachable indexes exit 2
-//! and 3. On the loopback S3 server and a real Valkey (skipped with the
+//! orphans deleted, lost books rebuilt; `kvtier probe --index`: lookups
+//! asked of the books, their state reported, none made; bad and
+//! unreachable indexes exit 2 and 3. On the loopback S3 server and a real Valkey (skipped with the
 //! reason without one).
 #![cfg(not(any(kvtier_loom, kvtier_shuttle)))]
 
@@ -189,4 +190,51 @@ fn trim_reads_and_repairs_the_fleets_books() {
         "{}",
         String::from_utf8_lossy(&closed.stderr)
     );
+}
+
+#[test]
+fn probe_asks_the_books_and_reports_them_but_makes_none() {
+    let Some(valkey) = ValkeyServer::start("probe_asks_the_books") else {
+        return;
+    };
+    let server = S3Server::shared_or_start();
+    let bucket = unique_bucket("kvtier-books");
+    server.create_bucket(&bucket);
+    let url = format!("s3://{bucket}/probed?endpoint={}", server.endpoint);
+    let probe = |index: &str| {
+        kvtier(&[
+            "probe", "--s3", &url, "--index", index, "--keys", "40", "--groups", "4", "--json",
+        ])
+    };
+    // No books for the namespace: refused, and none made.
+    let none = probe(&valkey.url);
+    assert_eq!(none.status.code(), Some(2), "{none:?}");
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no books ready"));
+    assert_eq!(probe(&valkey.url).status.code(), Some(2), "the first probe made none");
+    // A tier with the index makes them and stores two blocks.
+    let (options, namespace) = S3Options::from_url(&url).unwrap();
+    let options = options.credentials("testing", "testing");
+    let budget = kvtier::settings::BudgetConfig::new(10 * BLOCK).unwrap();
+    let index = kvtier::settings::IndexConfig::new(&valkey.url).unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let tier = kvtier::ObjectTier::s3(&options, &namespace)
+            .unwrap()
+            .with_index(budget, index)
+            .await
+            .unwrap();
+        for n in 0u64..2 {
+            tier.store(&n, vec![1; 100]).await.unwrap();
+        }
+    });
+    let report = json(&probe(&valkey.url));
+    assert!(
+        report["tier"].as_str().unwrap().contains("the books at"),
+        "{report}"
+    );
+    assert_eq!(report["books"]["blocks"], 2, "{report}");
+    assert_eq!(report["books"]["capacity_bytes"], 10 * BLOCK, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    // A bad index is bad input; one that does not answer, unreachable.
+    assert_eq!(probe("http://nowhere").status.code(), Some(2));
+    assert_eq!(probe("redis://127.0.0.1:9").status.code(), Some(3));
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use object_store::path::Path as ObjectPath;
 
 use super::error::TierError;
-use super::fleet::{FleetBooks, FleetBudget, IndexTimeouts};
+use super::fleet::{BooksStatus, FleetBooks, FleetBudget, IndexTimeouts, Op, Reply};
 use super::names::kvtier_entry;
 use super::object::ObjectTier;
 use super::object_budget::is_block_below;
@@ -42,13 +42,16 @@ impl ObjectTier {
                 "the fleet's books need a tokio runtime to be kept up on".into(),
             ));
         };
-        let namespace = format!("{}/{}", self.store, self.prefix);
-        let books = FleetBooks::connect(index.url(), &namespace, IndexTimeouts::default())
-            .await
-            .map_err(|error| TierError::Index {
-                op: "connect",
-                detail: error.to_string(),
-            })?;
+        let books = FleetBooks::connect(
+            index.url(),
+            &self.books_namespace(),
+            IndexTimeouts::default(),
+        )
+        .await
+        .map_err(|error| TierError::Index {
+            op: "connect",
+            detail: error.to_string(),
+        })?;
         let fleet = FleetBudget::open(books, budget.capacity().get(), index.lease()).await;
         let tier_index = Arc::new(TierIndex { fleet });
         // Attached, or the books rebuilt, before the first store.
@@ -77,6 +80,38 @@ impl ObjectTier {
         });
         self.index = Some(tier_index);
         Ok(self)
+    }
+
+    /// The state of the fleet's books at `index` for this tier's namespace,
+    /// read only (nothing is made or rebuilt): `None` when there are none
+    /// ready (never made, lost, or being rebuilt).
+    pub async fn books_status(
+        &self,
+        index: &IndexConfig,
+    ) -> Result<Option<BooksStatus>, TierError> {
+        let books = FleetBooks::connect(
+            index.url(),
+            &self.books_namespace(),
+            IndexTimeouts::default(),
+        )
+        .await
+        .map_err(|error| TierError::Index {
+            op: "connect",
+            detail: error.to_string(),
+        })?;
+        match books.call("", &Op::Status).await {
+            Ok(Reply::Status(status)) => Ok(Some(status)),
+            Ok(_) => Ok(None),
+            Err(error) => Err(TierError::Index {
+                op: "status",
+                detail: error.to_string(),
+            }),
+        }
+    }
+
+    /// The books' namespace: the store and the namespace's location.
+    fn books_namespace(&self) -> String {
+        format!("{}/{}", self.store, self.prefix)
     }
 
     /// One round of the books' upkeep, now (attach or rebuild, renew,

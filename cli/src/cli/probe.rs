@@ -11,7 +11,10 @@ use kvtier::{
     lookup::TokioLookup, tier::FsOptions,
 };
 
+use std::sync::Arc;
+
 use kvtier::capacity::Policy;
+use kvtier::settings::{BudgetConfig, IndexConfig};
 use kvtier::tier::{BlockLayout, scan_directory};
 
 use super::failure::Failure;
@@ -53,6 +56,12 @@ pub(crate) struct ProbeArgs {
     /// `kvtier trim --capacity` would delete. Nothing is deleted here.
     #[arg(long, value_name = "SIZE", value_parser = super::trim::parse_size, allow_hyphen_values = true)]
     capacity: Option<u64>,
+    /// With --s3: the fleet's books of the namespace, in Valkey or Redis
+    /// (redis://HOST:PORT[/DB]): the lookups ask them (one round trip per
+    /// group) and their state is reported. They must exist: the probe
+    /// makes none.
+    #[arg(long, value_name = "URL", requires = "s3")]
+    index: Option<String>,
     /// Print one JSON object instead of text (no progress bar).
     #[arg(long)]
     json: bool,
@@ -63,6 +72,9 @@ pub(crate) struct ProbeArgs {
 enum Tier {
     Fs(FsTier),
     S3(ObjectTier),
+    /// An S3 tier asking the fleet's books, their connection and upkeep on
+    /// the runtime kept here.
+    Books(ObjectTier, Arc<tokio::runtime::Runtime>),
 }
 
 impl AsyncBackend<u64, String> for Tier {
@@ -71,7 +83,9 @@ impl AsyncBackend<u64, String> for Tier {
     async fn batch_lookup(&self, keys: &[u64], request: &String) -> Result<Vec<bool>, TierError> {
         match self {
             Tier::Fs(tier) => AsyncBackend::batch_lookup(tier, keys, request).await,
-            Tier::S3(tier) => AsyncBackend::batch_lookup(tier, keys, request).await,
+            Tier::S3(tier) | Tier::Books(tier, _) => {
+                AsyncBackend::batch_lookup(tier, keys, request).await
+            }
         }
     }
 }
@@ -126,7 +140,37 @@ fn open(args: &ProbeArgs) -> Result<(Tier, String), Failure> {
         Duration::from_millis(args.timeout),
     )?;
     let label = format!("s3 {url} (namespace {namespace})");
-    Ok((Tier::S3(tier), label))
+    match &args.index {
+        None => Ok((Tier::S3(tier), label)),
+        Some(index) => with_books(tier, index, label),
+    }
+}
+
+/// The tier asking the fleet's books at `index`, which must be ready.
+fn with_books(tier: ObjectTier, index: &str, label: String) -> Result<(Tier, String), Failure> {
+    let index = IndexConfig::new(index)
+        .map_err(|error| Failure::input(error.spelled("--index").to_string()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|error| Failure::run(error.to_string()))?;
+    let shown = index.shown_url();
+    let status = runtime
+        .block_on(tier.books_status(&index))
+        .map_err(|error| Failure::unreachable(error.to_string()))?
+        .ok_or_else(|| {
+            Failure::input(format!(
+                "--index {shown}: no books ready for this namespace (a tier with the index makes them)"
+            ))
+        })?;
+    let budget = BudgetConfig::new(status.capacity.max(1))
+        .map_err(|error| Failure::run(error.to_string()))?;
+    let tier = runtime
+        .block_on(tier.with_index(budget, index))
+        .map_err(|error| Failure::unreachable(error.to_string()))?;
+    let label = format!("{label}, the books at {shown}");
+    Ok((Tier::Books(tier, Arc::new(runtime)), label))
 }
 
 pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
@@ -204,7 +248,7 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             let dir = fs.root().join(fs.namespace());
             scan_directory(&dir, BlockLayout::Kvtier, None, Policy::Lru, None)
         }
-        Tier::S3(object) => s3::runtime()?.block_on(object.usage()),
+        Tier::S3(object) | Tier::Books(object, _) => s3::runtime()?.block_on(object.usage()),
     }
     .map_err(|error| Failure::run(format!("the tier's usage: {error}")))?;
     // Keys, not groups; a failed head fails its whole group on either tier.
@@ -213,6 +257,14 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let p99 = quantile(&mut latencies, 0.99);
     let max = quantile(&mut latencies, 1.0);
     let keys_per_s = args.keys as f64 / elapsed.as_secs_f64();
+    let books = match (&tier, &args.index) {
+        (Tier::Books(object, runtime), Some(index)) => {
+            let index =
+                IndexConfig::new(index).map_err(|error| Failure::input(error.to_string()))?;
+            runtime.block_on(object.books_status(&index)).ok().flatten()
+        }
+        _ => None,
+    };
 
     if args.json {
         let report = serde_json::json!({
@@ -241,6 +293,13 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 "used_percent": args.capacity.map(|c| 100.0 * usage.bytes as f64 / c as f64),
                 "over_bytes": args.capacity.map(|c| usage.bytes.saturating_sub(c)),
             },
+            "books": books.as_ref().map(|status| serde_json::json!({
+                "capacity_bytes": status.capacity,
+                "committed_bytes": status.committed,
+                "held_bytes": status.held,
+                "blocks": status.blocks,
+                "held_entries": status.held_entries,
+            })),
         });
         say!("{report}");
     } else {
@@ -271,6 +330,16 @@ pub(crate) fn run(args: &ProbeArgs) -> Result<(), Failure> {
             usage.bytes,
             usage.elapsed.as_secs_f64()
         );
+        if let Some(status) = &books {
+            say!(
+                "  books         {} of {} bytes committed in {} blocks, {} bytes held in {} entries",
+                status.committed,
+                status.capacity,
+                status.blocks,
+                status.held,
+                status.held_entries
+            );
+        }
         if let Some(capacity) = args.capacity {
             let over = usage.bytes.saturating_sub(capacity);
             let verdict = if over == 0 {
