@@ -14,9 +14,10 @@ server (SeaweedFS) and one budget and recency in a real Valkey
 - host C stores new prompts, then Valkey is restarted (its books lost):
   C's next batch runs (nothing hangs), the books are rebuilt from a
   listing, and A's prompts 4-5 are loaded from the bucket again; then
-  SeaweedFS is stopped under C's last batch: its stores fail, and once the
-  server is back and C's leases have ended, every entry the books commit
-  has its object;
+  SeaweedFS is stopped under C's last batch: the loads of A's prompt 3
+  (hits in the books) fail and are recomputed, the same tokens; its stores
+  fail, and once the server is back and C's leases have ended, every entry
+  the books commit has its object;
 - host D is SIGKILLed while its stores are in flight: its reservations
   stay counted until their leases end; then a sweep (another process's
   upkeep) settles them: nothing held, no object the books do not count.
@@ -158,7 +159,7 @@ def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None
         h.work / "books-c",
         object=form,
         pause=str(pause),
-        then=[fresh_prompts(5)[:1], h.prompts[4:6], fresh_prompts(7)[:1]],
+        then=[fresh_prompts(5)[:1], h.prompts[4:6], fresh_prompts(7)[:1] + h.prompts[3:4]],
     )
     settings["prompts"] = fresh_prompts(43)[:1]
     process, run_dir = h.start("books-c-restart", settings)
@@ -205,8 +206,12 @@ def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None
         f"books host C: {loaded} prompt tokens loaded; A's prompts 4-5 ({2 * PROMPT_TOKENS}) after the rebuild: {c['metrics']}",
     )
     check("3.0" in c["outputs"], f"books host C: no output for the prompt run while S3 was stopped: {sorted(c['outputs'])}")
+    # A's prompt 3: hits in the books, loads that fail, recomputed.
+    check("3.1" in c["outputs"], f"books host C: no output for A's prompt 3 while S3 was stopped")
+    h.same_outputs("books host C, S3 stopped", {"3": c["outputs"]["3.1"]}, only={3})
     counts = tier_counts("books host C", c["log"])
     check(counts["store_failed"] > 0, f"books host C: no store failed while S3 was stopped: {counts}")
+    check(counts["load_failed"] > 0, f"books host C: no load failed while S3 was stopped: {counts}")
     # C's leases end with it; another process's upkeep settles what C held.
     time.sleep(LEASE + 1.0)
     sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))
