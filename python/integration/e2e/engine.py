@@ -102,11 +102,13 @@ def connector_config(settings: dict):
         "kv_connector_module_path": "slow_tier" if connector.get("dump_delay") else "kvtier.vllm.connector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            "root_dir": settings["root"],
             "blocking_save": bool(connector.get("blocking")),
             **connector.get("options", {}),
         },
     }
+    # The blocks in a directory, unless the options name a bucket.
+    if not {"url", "store_config"} & set(connector.get("options", {})):
+        ours["kv_connector_extra_config"]["root_dir"] = settings["root"]
     if connector.get("dump_delay"):
         os.environ["KVTIER_E2E_DUMP_DELAY"] = str(connector["dump_delay"])
     if connector["mode"] == "alone":
