@@ -210,7 +210,11 @@ fn probe_asks_the_books_and_reports_them_but_makes_none() {
     let none = probe(&valkey.url);
     assert_eq!(none.status.code(), Some(2), "{none:?}");
     assert!(String::from_utf8_lossy(&none.stderr).contains("no books ready"));
-    assert_eq!(probe(&valkey.url).status.code(), Some(2), "the first probe made none");
+    assert_eq!(
+        probe(&valkey.url).status.code(),
+        Some(2),
+        "the first probe made none"
+    );
     // A tier with the index makes them and stores two blocks.
     let (options, namespace) = S3Options::from_url(&url).unwrap();
     let options = options.credentials("testing", "testing");
