@@ -8,7 +8,7 @@ use std::time::Duration;
 use object_store::path::Path as ObjectPath;
 
 use super::error::TierError;
-use super::fleet::{BooksStatus, FleetBooks, FleetBudget, IndexTimeouts, Op, Reply};
+use super::fleet::{BooksStatus, FleetBooks, FleetBudget, IndexTimeouts, Op, Reply, index_error};
 use super::names::kvtier_entry;
 use super::object::ObjectTier;
 use super::object_budget::is_block_below;
@@ -42,17 +42,8 @@ impl ObjectTier {
                 "the fleet's books need a tokio runtime to be kept up on".into(),
             ));
         };
-        let books = FleetBooks::connect(
-            index.url(),
-            &self.books_namespace(),
-            IndexTimeouts::default(),
-        )
-        .await
-        .map_err(|error| TierError::Index {
-            op: "connect",
-            detail: error.to_string(),
-        })?;
-        let fleet = FleetBudget::open(books, budget.capacity().get(), index.lease()).await;
+        let fleet =
+            FleetBudget::connect(&index, &self.books_namespace(), budget.capacity().get()).await?;
         let tier_index = Arc::new(TierIndex { fleet });
         // Attached, or the books rebuilt, before the first store.
         if let Err(error) = self.keep_up(&tier_index.fleet).await {
@@ -95,17 +86,11 @@ impl ObjectTier {
             IndexTimeouts::default(),
         )
         .await
-        .map_err(|error| TierError::Index {
-            op: "connect",
-            detail: error.to_string(),
-        })?;
+        .map_err(|error| index_error("connect", error))?;
         match books.call("", &Op::Status).await {
             Ok(Reply::Status(status)) => Ok(Some(status)),
             Ok(_) => Ok(None),
-            Err(error) => Err(TierError::Index {
-                op: "status",
-                detail: error.to_string(),
-            }),
+            Err(error) => Err(index_error("status", error)),
         }
     }
 

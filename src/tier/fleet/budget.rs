@@ -10,7 +10,7 @@ use std::time::Duration;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::books::{FleetBooks, FleetError};
+use super::books::{FleetBooks, FleetError, IndexTimeouts};
 use super::ops::{Op, Reply};
 use crate::capacity::FleetHost;
 use crate::capacity::Rejection;
@@ -71,7 +71,7 @@ pub struct FleetPin {
     done: bool,
 }
 
-pub(super) fn index_error(op: &'static str, error: FleetError) -> TierError {
+pub(crate) fn index_error(op: &'static str, error: FleetError) -> TierError {
     TierError::Index {
         op,
         detail: error.to_string(),
@@ -107,6 +107,20 @@ impl FleetBudget {
         };
         let _ = budget.attach().await;
         budget
+    }
+
+    /// Connects to the books of `namespace` at `index` (an unreachable
+    /// index is an error) and opens this host's side of them, as
+    /// [`open`](Self::open) does.
+    pub async fn connect(
+        index: &crate::settings::IndexConfig,
+        namespace: &str,
+        capacity: u64,
+    ) -> Result<Self, TierError> {
+        let books = FleetBooks::connect(index.url(), namespace, IndexTimeouts::default())
+            .await
+            .map_err(|error| index_error("connect", error))?;
+        Ok(Self::open(books, capacity, index.lease()).await)
     }
 
     pub(super) fn lease_ms(&self) -> u64 {

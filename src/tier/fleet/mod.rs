@@ -25,6 +25,8 @@ mod upkeep;
 #[cfg(fleet_index)]
 pub use books::{BOOKS_SCRIPT, FleetBooks, FleetError, IndexTimeouts, books_keys};
 #[cfg(fleet_index)]
+pub(crate) use budget::index_error;
+#[cfg(fleet_index)]
 pub use budget::{Admission, FleetBudget, FleetPin, FleetWrite};
 pub use ops::{BadReply, BooksStatus, Frame, HeldKind, Op, Reply};
 #[cfg(fleet_index)]

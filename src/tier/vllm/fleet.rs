@@ -14,7 +14,7 @@ use super::transfers::VllmTransfers;
 use crate::capacity::CapacityStats;
 use crate::settings::{BudgetConfig, IndexConfig};
 use crate::tier::error::{ReconcileReport, ScanReport, TierError};
-use crate::tier::fleet::{FleetBooks, FleetBudget, IndexTimeouts};
+use crate::tier::fleet::FleetBudget;
 use crate::tier::object_budget::is_block_below;
 
 impl VllmTransfers {
@@ -41,21 +41,11 @@ impl VllmTransfers {
         };
         let started = Instant::now();
         let namespace = format!("{}/{}", bucket.layout.store(), bucket.layout.rank_prefix());
-        let books = bucket
-            .run(FleetBooks::connect(
-                index.url(),
-                &namespace,
-                IndexTimeouts::default(),
-            ))
-            .map_err(|error| TierError::Index {
-                op: "connect",
-                detail: error.to_string(),
-            })?;
-        let fleet = bucket.run(FleetBudget::open(
-            books,
+        let fleet = bucket.run(FleetBudget::connect(
+            &index,
+            &namespace,
             config.capacity().get(),
-            index.lease(),
-        ));
+        ))?;
         if self.changes.is_some() {
             fleet.record_changes(true);
         }

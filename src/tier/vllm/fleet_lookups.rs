@@ -15,7 +15,7 @@ use super::layout::vllm_entry;
 use crate::settings::{BudgetConfig, IndexConfig};
 use crate::sync::Arc;
 use crate::tier::error::TierError;
-use crate::tier::fleet::{FleetBooks, FleetBudget, IndexTimeouts};
+use crate::tier::fleet::FleetBudget;
 use crate::tier::object_budget::is_block_below;
 
 /// The runtime a layout's own books run on, and their upkeep task; both
@@ -72,21 +72,11 @@ impl VllmObjectLayout {
                 detail: format!("cannot start the books' runtime: {error}"),
             })?;
         let namespace = format!("{}/{}", self.store(), self.rank_prefix());
-        let books = runtime
-            .block_on(FleetBooks::connect(
-                index.url(),
-                &namespace,
-                IndexTimeouts::default(),
-            ))
-            .map_err(|error| TierError::Index {
-                op: "connect",
-                detail: error.to_string(),
-            })?;
-        let fleet = runtime.block_on(FleetBudget::open(
-            books,
+        let fleet = runtime.block_on(FleetBudget::connect(
+            index,
+            &namespace,
             config.capacity().get(),
-            index.lease(),
-        ));
+        ))?;
         let upkeep = runtime
             .spawn(keep_up(fleet.clone(), self.clone(), index.lease() / 3))
             .abort_handle();
