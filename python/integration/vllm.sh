@@ -237,7 +237,7 @@ run_mode() {
 own_checks() {
     bounded 600 "$WORK/pytest-own.log" python/integration "$PY" -m pytest -q -p no:cacheprovider \
         -o faulthandler_timeout=$FAULT test_kvtier_in_vllm.py test_cpu_tiering_in_vllm.py \
-        test_operators_in_vllm.py test_object_tier_in_vllm.py test_fleet_in_vllm.py
+        test_operators_in_vllm.py test_object_tier_in_vllm.py test_fleet_in_vllm.py test_kv_events_sub.py
 }
 
 # vLLM's own connector tests that bear on a third-party connector (the

@@ -99,9 +99,7 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     # Host A: every prompt computed and stored through the books, one at a
     # time (the books' recency then ranks the prompts: 0 is evicted). A
     # router's view: a subscriber to A's KV events.
-    events_path = h.work / "books-a-events.sock"
-    events_path.unlink(missing_ok=True)
-    with KvEventSubscriber(events_path) as events:
+    with KvEventSubscriber() as events:
         a = h.run(
             "books-a",
             h.settings(

@@ -3,9 +3,16 @@ SUB socket on the local ``ipc://`` endpoint the engine publishes on
 (``kv_events_config``, publisher ``zmq``), decoding each batch with vLLM's
 own event types, on a thread of its own.
 
-    with KvEventSubscriber(path) as events:   # before the engine starts
-        ...                                   # the engine runs
+    with KvEventSubscriber() as events:   # before the engine starts
+        ...                               # the engine runs on events.endpoint
     events.stored["STORAGE"], events.removed["STORAGE"]
+
+The socket lives in a directory of its own under the system's temporary
+directory, not the run's: a Unix socket's path is limited to about 107
+bytes, which a deep checkout's work directory can pass (the engine's bind
+then fails). On leaving, the subscriber keeps reading until the socket has
+been quiet for half a second, so the events the engine published last are
+counted too.
 
 ``stored`` and ``removed`` map a medium (``GPU``, ``CPU``, ``STORAGE``) to
 the block hashes of its ``BlockStored`` and ``BlockRemoved`` events, in the
@@ -14,14 +21,21 @@ order published.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from collections import defaultdict
 from pathlib import Path
 
+#: How long the socket must stay quiet, once asked to stop, before the
+#: subscriber stops reading.
+DRAIN_QUIET_MS = 500
+
 
 class KvEventSubscriber:
-    def __init__(self, socket_path: Path) -> None:
-        self.endpoint = f"ipc://{socket_path}"
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="kvtier-ev-"))
+        self.endpoint = f"ipc://{self._dir / 'events.sock'}"
         self.stored: dict[str, list] = defaultdict(list)
         self.removed: dict[str, list] = defaultdict(list)
         self.batches = 0
@@ -29,16 +43,18 @@ class KvEventSubscriber:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._ready = threading.Event()
+        self._failed: BaseException | None = None
 
     def __enter__(self) -> "KvEventSubscriber":
         self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the KV event subscriber did not start")
+        if not self._ready.wait(30) or self._failed is not None:
+            raise RuntimeError(f"the KV event subscriber did not start: {self._failed!r}")
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(30)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _run(self) -> None:
         import msgspec
@@ -48,14 +64,23 @@ class KvEventSubscriber:
         decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
         context = zmq.Context.instance()
         sub = context.socket(zmq.SUB)
-        # The engine binds the endpoint once it is up; a SUB socket
-        # connected before that reconnects by itself.
-        sub.connect(self.endpoint)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._ready.set()
         try:
-            while not self._stop.is_set():
-                if not sub.poll(100):
+            # The engine binds the endpoint once it is up; a SUB socket
+            # connected before that reconnects by itself.
+            sub.connect(self.endpoint)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+        except zmq.ZMQError as error:
+            self._failed = error
+            sub.close(linger=0)
+            return
+        finally:
+            self._ready.set()
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                if not sub.poll(DRAIN_QUIET_MS if stopping else 100):
+                    if stopping:
+                        break  # asked to stop, and nothing more came
                     continue
                 frames = sub.recv_multipart()
                 try:
