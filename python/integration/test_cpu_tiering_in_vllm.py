@@ -22,6 +22,7 @@ import os
 import pathlib
 import random
 import re
+import time
 import uuid
 
 import numpy as np
@@ -171,7 +172,23 @@ def test_shutdown_lets_go_of_the_primary_memory_before_vllm_releases_it(tmp_path
     tier.shutdown()
     # vLLM's CPUPrimaryTierOffloadingManager.shutdown() does this next.
     view.release()
-    assert held() == before, "threads or file descriptors outlive the tier's shutdown"
+    # A joined thread can stay listed for a moment: the kernel wakes the
+    # joiner (clearing the thread's id word) before the thread has finished
+    # exiting and left /proc. On a loaded machine that moment was seen to
+    # last up to 11 ms (in 16 of 300 shutdowns beside three busy loops),
+    # which failed CI once; a thread the shutdown left running would still
+    # be listed after a second.
+    deadline = time.monotonic() + 1.0
+    while held() != before and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if held() != before:
+        names = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                names.append(pathlib.Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+            except OSError:
+                pass  # it has gone meanwhile
+        pytest.fail(f"threads or file descriptors outlive the tier's shutdown: {held()} against {before}: {names}")
     finished = list(tier.get_finished_jobs())
     assert len(finished) == 16 and all(r.success for r in finished), "the grace let the stores finish"
 
