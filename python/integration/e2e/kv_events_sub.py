@@ -9,10 +9,10 @@ own event types, on a thread of its own.
 
 The socket lives in a directory of its own under the system's temporary
 directory, not the run's: a Unix socket's path is limited to about 107
-bytes, which a deep checkout's work directory can pass (the engine's bind
-then fails). On leaving, the subscriber keeps reading until the socket has
-been quiet for half a second, so the events the engine published last are
-counted too.
+bytes, which a deep checkout's work directory can pass (the subscriber's
+connect, and the engine's bind, then fail with "File name too long"). On
+leaving, the subscriber keeps reading until the socket has been quiet for
+half a second, so the events the engine published last are counted too.
 
 ``stored`` and ``removed`` map a medium (``GPU``, ``CPU``, ``STORAGE``) to
 the block hashes of its ``BlockStored`` and ``BlockRemoved`` events, in the
