@@ -11,13 +11,16 @@ published last, up to its shutdown.
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
+import kv_events_sub  # noqa: E402
 from kv_events_sub import KvEventSubscriber  # noqa: E402
 
 pyzmq = pytest.importorskip("zmq")
@@ -47,6 +50,42 @@ def test_the_socket_path_fits_however_deep_the_run_lives(tmp_path, monkeypatch):
         assert len(os.fsencode(path)) <= SUN_PATH_BYTES, path
         assert Path(path).parent.is_dir()
     assert not Path(path).parent.exists(), "the subscriber's directory outlives it"
+
+
+def test_a_failure_on_the_subscribers_thread_is_reported_at_once(monkeypatch):
+    def no_context():
+        raise pyzmq.ZMQError(msg="no context for a test")
+
+    monkeypatch.setattr(pyzmq.Context, "instance", staticmethod(no_context))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start: .*no context for a test"):
+        with KvEventSubscriber():
+            pass
+    assert time.monotonic() - started < 10, "the failure was waited out"
+
+
+class SlowImport(importlib.abc.MetaPathFinder):
+    """Makes importing vLLM's kv_events module take `seconds` (as torch's
+    import does on a loaded machine)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def find_spec(self, name, path, target=None):
+        if name == "vllm.distributed.kv_events":
+            time.sleep(self.seconds)
+        return None
+
+
+def test_the_wait_for_the_subscriber_covers_its_connect_not_its_imports(monkeypatch):
+    import vllm.distributed
+
+    monkeypatch.setattr(kv_events_sub, "CONNECT_SECONDS", 1.0)
+    monkeypatch.delitem(sys.modules, "vllm.distributed.kv_events")
+    monkeypatch.delattr(vllm.distributed, "kv_events")
+    monkeypatch.setattr(sys, "meta_path", [SlowImport(2.0), *sys.meta_path])
+    with KvEventSubscriber() as events:
+        assert events.endpoint.startswith("ipc://")
 
 
 def test_the_batches_in_flight_when_the_subscriber_is_left_are_counted():

@@ -3,10 +3,12 @@ with its own CPU tier and directories, sharing a bucket of a real S3
 server (SeaweedFS) and one budget and recency in a real Valkey
 (``index``), the budget below the working set.
 
-- host A computes the six prompts; the books keep the prefix within the
-  budget at every store (the bucket is sampled every 0.2 s throughout); a
-  subscriber to A's KV events (ZMQ, as a router) sees the blocks stored in
-  the bucket and those A evicted (``BlockStored``, ``BlockRemoved``);
+- host A computes the six prompts, each once the books committed the
+  blocks of the one before; the books keep the prefix within the budget at
+  every store (the bucket is sampled every 0.2 s throughout); a subscriber
+  to A's KV events (ZMQ, as a router) sees the blocks stored in the bucket
+  and those A evicted (``BlockStored``, ``BlockRemoved``): prompt 0's, the
+  least recent;
 - host B serves A's newest prompts (4-5) from the bucket through kvtier's
   KV connector on the same books (its scheduler's lookups ask them): every
   block loaded, only each prompt's last token computed, the same tokens as
@@ -34,7 +36,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, check, tail, wait_for_group
+from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail, wait_for_group
 from e2e_fleet import CREDENTIALS, Sampler, fresh_prompts, tier_counts, wait_ready
 from kv_events_sub import KvEventSubscriber
 
@@ -97,22 +99,25 @@ def run(h: "Harness") -> None:
 def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     form = books_form(server, valkey)
     # Host A: every prompt computed and stored through the books, one at a
-    # time (the books' recency then ranks the prompts: 0 is evicted). A
-    # router's view: a subscriber to A's KV events.
+    # time, each once the one before has its blocks committed: the books'
+    # recency then ranks the prompts, and prompt 0 is evicted. (A tier
+    # that falls behind stores several prompts at once, their commits
+    # interleave, and the least recent blocks are the first few of each:
+    # docs/design.md, "The fleet's books in Valkey".) A router's view: a
+    # subscriber to A's KV events.
     with KvEventSubscriber() as events:
-        a = h.run(
-            "books-a",
-            h.settings(
-                "object", h.work / "books-a", object=form, env=CREDENTIALS, max_num_seqs=1,
-                kv_events=events.endpoint, tier_options={"enable_kv_events": True},
-            ),
-        )
+        a = stored_in_turn(h, valkey, h.settings(
+            "object", h.work / "books-a", object=form, env=CREDENTIALS, max_num_seqs=1,
+            kv_events=events.endpoint, tier_options={"enable_kv_events": True, "shutdown_grace": 30.0},
+        ))
     h.same_outputs("books host A", a["outputs"])
-    stored, removed = set(events.stored["STORAGE"]), set(events.removed["STORAGE"])
+    stored, removed = events.stored["STORAGE"], set(events.removed["STORAGE"])
+    per_prompt = PROMPT_TOKENS // 32
     check(
-        stored and removed <= stored and len(removed) >= len(stored) - CAPACITY // BLOCK_BYTES,
+        len(stored) == PROMPTS * per_prompt and removed == set(stored[:per_prompt]),
         f"books host A: its KV events say {len(stored)} blocks stored in the bucket and {len(removed)} "
-        f"removed ({len(removed - stored)} never stored), for a budget of {CAPACITY // BLOCK_BYTES}: "
+        f"removed, at the places {sorted(stored.index(b) for b in removed if b in stored)} of the order stored "
+        f"(prompt 0's, the oldest, are 0-{per_prompt - 1}), for a budget of {CAPACITY // BLOCK_BYTES}: "
         f"{events.summary()}",
     )
     h.notes.append(f"books host A's KV events: {events.summary()}")
@@ -121,6 +126,17 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
         0 < int(status.get("committed", 0)) <= CAPACITY,
         f"books host A: the books hold {status} (capacity {CAPACITY})",
     )
+    # What B loads is what A stored: every prompt block, none failed or
+    # dropped at its shutdown (else B's check below could only say that
+    # fewer blocks loaded, not why).
+    counts = tier_counts("books host A", a["log"])
+    dropped = [line for line in a["log"].splitlines() if "queued stores" in line]
+    check(
+        counts["stored"] == PROMPTS * PROMPT_TOKENS // 32 and counts["store_failed"] == 0 and not dropped,
+        f"books host A: stored {counts} of {PROMPTS * PROMPT_TOKENS // 32} prompt blocks; {dropped}; "
+        f"the books: {status}\n{tail(a['log'])}",
+    )
+    h.notes.append(f"books host A: {counts}; the books: {status}")
     # Host B: A's newest prompts, from the bucket, through kvtier's KV
     # connector on the same books (its scheduler's lookups ask them over a
     # connection of their own, its workers' loads pin there): every block
@@ -149,6 +165,36 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     restarted(h, server, valkey, form)
     sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))
     killed(h, server, valkey, form, rank_prefix=sample.rsplit("/", 3)[0])
+
+
+def stored_in_turn(h: "Harness", valkey: Valkey, settings: dict) -> dict:
+    """One engine process runs the prompts one batch each; the next batch
+    starts once the books committed every block of the ones before. Its
+    output, checked clean as ``Harness.run`` checks one, keyed by prompt."""
+    per_prompt = PROMPT_TOKENS // 32
+    pause = h.work / "runs" / "books-a-pause"
+    shutil.rmtree(pause, ignore_errors=True)
+    pause.mkdir(parents=True)
+    shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+    settings = dict(settings, prompts=h.prompts[:1], pause=str(pause), then=[[p] for p in h.prompts[1:]])
+    process, run_dir = h.start("books-a", settings)
+    started = time.monotonic()
+    for phase in range(1, PROMPTS):
+        wait_ready(process, run_dir, pause, f"phase{phase}")
+        deadline = time.monotonic() + 120
+        while int(books_status(valkey).get("commits", 0)) < phase * per_prompt:
+            check(
+                time.monotonic() < deadline,
+                f"books host A: {books_status(valkey)} after prompts 0-{phase - 1}, not their "
+                f"{phase * per_prompt} blocks, in 120 s\n{tail((run_dir / 'engine.log').read_text())}",
+            )
+            time.sleep(0.05)
+        (pause / f"phase{phase}").touch()
+    result = h._ended(process, run_dir, started)
+    left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
+    check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
+    result["outputs"] = {key.split(".")[0]: out for key, out in result["outputs"].items()}
+    return result
 
 
 def restarted(h: "Harness", server: Seaweed, valkey: Valkey, form: dict) -> None:

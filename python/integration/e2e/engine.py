@@ -131,7 +131,9 @@ def connector_config(settings: dict):
 
 
 def metrics(llm) -> dict:
-    """vLLM's counters that say where prompt tokens came from."""
+    """vLLM's counters that say where prompt tokens came from, and kvtier's
+    own (``vllm:kvtier_*``: its lookups' verdicts and timeouts, which a
+    failed check then shows)."""
     wanted = {
         "vllm:prompt_tokens",
         "vllm:prompt_tokens_by_source",
@@ -143,7 +145,7 @@ def metrics(llm) -> dict:
     }
     out: dict = {}
     for metric in llm.get_metrics():
-        if metric.name not in wanted or not hasattr(metric, "value"):
+        if (metric.name not in wanted and not metric.name.startswith("vllm:kvtier_")) or not hasattr(metric, "value"):
             continue
         labels = ",".join(f"{k}={v}" for k, v in sorted(metric.labels.items()) if k not in ("model_name", "engine"))
         out[f"{metric.name}{{{labels}}}" if labels else metric.name] = metric.value

@@ -30,6 +30,8 @@ from pathlib import Path
 #: How long the socket must stay quiet, once asked to stop, before the
 #: subscriber stops reading.
 DRAIN_QUIET_MS = 500
+#: How long entering waits for the subscriber's thread to connect.
+CONNECT_SECONDS = 30.0
 
 
 class KvEventSubscriber:
@@ -44,10 +46,18 @@ class KvEventSubscriber:
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._ready = threading.Event()
         self._failed: BaseException | None = None
+        self._modules: tuple = ()
 
     def __enter__(self) -> "KvEventSubscriber":
+        # The imports first, here: vLLM's brings torch, which on a loaded
+        # machine takes longer than the wait below is meant for (a connect).
+        import msgspec
+        import zmq
+        from vllm.distributed import kv_events
+
+        self._modules = (msgspec, zmq, kv_events)
         self._thread.start()
-        if not self._ready.wait(30) or self._failed is not None:
+        if not self._ready.wait(CONNECT_SECONDS) or self._failed is not None:
             raise RuntimeError(f"the KV event subscriber did not start: {self._failed!r}")
         return self
 
@@ -57,21 +67,20 @@ class KvEventSubscriber:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _run(self) -> None:
-        import msgspec
-        import zmq
-        from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
-
-        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-        context = zmq.Context.instance()
-        sub = context.socket(zmq.SUB)
+        msgspec, zmq, kv_events = self._modules
+        sub = None
         try:
+            decoder = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+            sub = zmq.Context.instance().socket(zmq.SUB)
             # The engine binds the endpoint once it is up; a SUB socket
             # connected before that reconnects by itself.
             sub.connect(self.endpoint)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-        except zmq.ZMQError as error:
+        except Exception as error:
+            # Whatever fails here is reported by __enter__, not waited out.
             self._failed = error
-            sub.close(linger=0)
+            if sub is not None:
+                sub.close(linger=0)
             return
         finally:
             self._ready.set()
@@ -90,9 +99,9 @@ class KvEventSubscriber:
                     continue
                 self.batches += 1
                 for event in batch.events:
-                    if isinstance(event, BlockStored):
+                    if isinstance(event, kv_events.BlockStored):
                         self.stored[event.medium or "GPU"].extend(event.block_hashes)
-                    elif isinstance(event, BlockRemoved):
+                    elif isinstance(event, kv_events.BlockRemoved):
                         self.removed[event.medium or "GPU"].extend(event.block_hashes)
         finally:
             sub.close(linger=0)
