@@ -64,7 +64,8 @@ def books_form(server: Seaweed, valkey: Valkey) -> dict:
         "request_timeout": 2.0,
         "connect_timeout": 1.0,
         "max_retries": 1,
-        "lookup_timeout": 1.0,
+        # Generous (see e2e_fleet.REQUESTS): B and C must load every block.
+        "lookup_timeout": 10.0,
         "capacity_bytes": CAPACITY,
         "index": valkey.url,
         "index_lease": LEASE,

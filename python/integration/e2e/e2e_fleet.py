@@ -52,9 +52,12 @@ BUCKET = "kvtier-fleet"
 PREFIX = "fleet"
 #: How long the outage lasts once host C's batch during it has run.
 OUTAGE_SECONDS = 4.0
-#: Request settings of every host: a stopped server costs a lookup group at
-#: most lookup_timeout, a job at most (retries + 1) x request_timeout.
-REQUESTS = {"request_timeout": 2.0, "connect_timeout": 1.0, "max_retries": 1, "lookup_timeout": 1.0}
+#: Request settings of every host: a stopped server costs a job at most
+#: (retries + 1) x request_timeout, and a lookup group at most
+#: lookup_timeout (its refused connections end it sooner). Every host gives
+#: a group 10 s: B and C must load every block, and on a loaded 2-core machine a
+#: group of 18 HEADs once took more than 1 s, and its prompt was computed.
+REQUESTS = {"request_timeout": 2.0, "connect_timeout": 1.0, "max_retries": 1, "lookup_timeout": 10.0}
 #: The fleet's budget: 128 blocks, where A stores 108 and C and D 36 each
 #: (C then evicts 16 of A's, D what it adds).
 CAPACITY = 128 * BLOCK_BYTES
@@ -192,11 +195,13 @@ def fresh_prompts(seed: int) -> list:
 
 
 def killed(h: "Harness", server: Seaweed) -> None:
-    """Host D, last: new prompts, its stores held 0.5 s each, killed
-    (SIGKILL, its process group) once one of them is in the bucket."""
+    """Host D, last: new prompts, its stores held 2 s each, killed
+    (SIGKILL, its process group) once one of them is in the bucket. (Held
+    0.5 s, all 36 landed before the kill once, on a loaded 2-core machine:
+    16 write threads take three rounds.)"""
     before = set(server.list_objects(BUCKET, f"{PREFIX}/"))
     settings = h.settings(
-        "object", h.work / "fleet-d", object=vllm_form(server), store_delay=0.5, linger=300
+        "object", h.work / "fleet-d", object=vllm_form(server), store_delay=2.0, linger=300
     )
     settings["prompts"] = fresh_prompts(7)
     process, run_dir = h.start("fleet-d-killed", settings)
