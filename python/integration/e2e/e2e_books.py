@@ -37,7 +37,7 @@ import time
 from typing import TYPE_CHECKING
 
 from e2e_common import BLOCK_BYTES, HERE, PROMPT_TOKENS, PROMPTS, check, tail, wait_for_group
-from e2e_fleet import CREDENTIALS, Sampler, fresh_prompts, tier_counts, wait_ready
+from e2e_fleet import CREDENTIALS, REQUESTS, Sampler, fresh_prompts, tier_counts, wait_ready
 from kv_events_sub import KvEventSubscriber
 
 sys.path.insert(0, str(HERE.parent))
@@ -61,11 +61,7 @@ def books_form(server: Seaweed, valkey: Valkey) -> dict:
     return {
         "store_config": server.store_config(BUCKET),
         "prefix": PREFIX,
-        "request_timeout": 2.0,
-        "connect_timeout": 1.0,
-        "max_retries": 1,
-        # Generous (see e2e_fleet.REQUESTS): B and C must load every block.
-        "lookup_timeout": 10.0,
+        **REQUESTS,
         "capacity_bytes": CAPACITY,
         "index": valkey.url,
         "index_lease": LEASE,
@@ -133,8 +129,8 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
     counts = tier_counts("books host A", a["log"])
     dropped = [line for line in a["log"].splitlines() if "queued stores" in line]
     check(
-        counts["stored"] == PROMPTS * PROMPT_TOKENS // 32 and counts["store_failed"] == 0 and not dropped,
-        f"books host A: stored {counts} of {PROMPTS * PROMPT_TOKENS // 32} prompt blocks; {dropped}; "
+        counts["stored"] == PROMPTS * per_prompt and counts["store_failed"] == 0 and not dropped,
+        f"books host A: stored {counts} of {PROMPTS * per_prompt} prompt blocks; {dropped}; "
         f"the books: {status}\n{tail(a['log'])}",
     )
     h.notes.append(f"books host A: {counts}; the books: {status}")
@@ -176,24 +172,22 @@ def stored_in_turn(h: "Harness", valkey: Valkey, settings: dict) -> dict:
     pause = h.work / "runs" / "books-a-pause"
     shutil.rmtree(pause, ignore_errors=True)
     pause.mkdir(parents=True)
-    shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
+
+    def in_turn(process, run_dir) -> None:
+        for phase in range(1, PROMPTS):
+            wait_ready(process, run_dir, pause, f"phase{phase}")
+            deadline = time.monotonic() + 120
+            while int(books_status(valkey).get("commits", 0)) < phase * per_prompt:
+                check(
+                    time.monotonic() < deadline,
+                    f"books host A: {books_status(valkey)} after prompts 0-{phase - 1}, not their "
+                    f"{phase * per_prompt} blocks, in 120 s\n{tail((run_dir / 'engine.log').read_text())}",
+                )
+                time.sleep(0.05)
+            (pause / f"phase{phase}").touch()
+
     settings = dict(settings, prompts=h.prompts[:1], pause=str(pause), then=[[p] for p in h.prompts[1:]])
-    process, run_dir = h.start("books-a", settings)
-    started = time.monotonic()
-    for phase in range(1, PROMPTS):
-        wait_ready(process, run_dir, pause, f"phase{phase}")
-        deadline = time.monotonic() + 120
-        while int(books_status(valkey).get("commits", 0)) < phase * per_prompt:
-            check(
-                time.monotonic() < deadline,
-                f"books host A: {books_status(valkey)} after prompts 0-{phase - 1}, not their "
-                f"{phase * per_prompt} blocks, in 120 s\n{tail((run_dir / 'engine.log').read_text())}",
-            )
-            time.sleep(0.05)
-        (pause / f"phase{phase}").touch()
-    result = h._ended(process, run_dir, started)
-    left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
-    check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
+    result = h.run("books-a", settings, drive=in_turn)
     result["outputs"] = {key.split(".")[0]: out for key, out in result["outputs"].items()}
     return result
 

@@ -76,11 +76,15 @@ class Harness:
         )
         return process, run_dir
 
-    def run(self, name: str, settings: dict) -> dict:
-        """One engine process to its end; its output, once checked clean."""
+    def run(self, name: str, settings: dict, drive=None) -> dict:
+        """One engine process to its end; its output, once checked clean.
+        ``drive(process, run_dir)``, if given, runs while the engine does
+        (it releases batches held at a ``pause``, say)."""
         shm_before = set(glob.glob("/dev/shm/vllm_offload_*"))
         started = time.monotonic()
         process, run_dir = self.start(name, settings)
+        if drive is not None:
+            drive(process, run_dir)
         result = self._ended(process, run_dir, started)
         left = set(glob.glob("/dev/shm/vllm_offload_*")) - shm_before
         check(not left, f"{run_dir.name}: offload regions left in /dev/shm: {sorted(left)}")
