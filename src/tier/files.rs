@@ -166,9 +166,13 @@ pub(super) fn refuse_linked_shards(path: &Path) -> Result<(), TierError> {
 }
 
 /// Creates a block's two shard directories where missing (and the
-/// namespace directory, should it have been removed since `open`). Unless
-/// links are followed, each shard is refused if it is a link before anything
-/// is created below it, so not even a directory is made outside the root.
+/// namespace directory, should it have been removed since `open`); vLLM's
+/// layout has the same two levels below its rank directory. Unless links
+/// are followed, each shard is refused if it is a link before anything is
+/// created below it, so not even a directory is made outside the root. A
+/// shard that exists is taken as made even if an eviction removes it a
+/// moment later (`create_dir_all` fails then): the store's create finds
+/// it gone and makes it again (see `tree::create_temp_in_shard`).
 pub(super) fn create_shards(path: &Path, follow: bool) -> Result<(), TierError> {
     let shard = path.parent().expect("block paths have a shard directory");
     let top = shard.parent().expect("shard directories have a parent");

@@ -8,4 +8,4 @@ from . import capacity, engine, fleet, fs_tier, limits, lookup, objects, python,
 #: In a fixed order: the CI sample (record.py) takes every SAMPLE_EVERY-th.
 MUTATIONS = (lookup.MUTATIONS + save.MUTATIONS + fs_tier.MUTATIONS + vllm.MUTATIONS
              + capacity.MUTATIONS + limits.MUTATIONS + python.MUTATIONS + engine.MUTATIONS
-             + settings.MUTATIONS + objects.MUTATIONS + fleet.MUTATIONS)
+             + settings.MUTATIONS + objects.MUTATIONS + fleet.MUTATIONS + vllm.APPENDED)

@@ -18,7 +18,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use super::super::files::{is_absent, open_for_read, regular_file};
+use super::super::files::{create_shards, is_absent, open_for_read, regular_file};
 use super::super::format::Corruption;
 use super::super::tree::create_temp_in_shard;
 use super::layout::vllm_temp_name;
@@ -46,17 +46,22 @@ pub(crate) fn store_block(path: &Path, bytes: &[u8]) -> Result<Stored, TierError
         Err(error) if is_absent(&error) => {}
         Err(error) => return Err(TierError::io("stat", path, error)),
     }
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let shards = path.parent().and_then(Path::parent).and_then(Path::parent);
+    let (Some(_), Some(name)) = (shards, path.file_name()) else {
         return Err(TierError::Config(format!(
             "{} cannot name a block file",
             path.display()
         )));
     };
     let name = name.to_string_lossy();
+    // Not `create_dir_all`: it fails (AlreadyExists) when an eviction
+    // removes the directory between its mkdir and its check that the
+    // directory is there.
     // guard: V3-stores-publish-whole-blocks
+    // guard: V12-a-store-makes-directories-an-eviction-removes
     let (file, tmp) = create_temp_in_shard(
         path,
-        || fs::create_dir_all(dir).map_err(|source| TierError::io("create", dir, source)),
+        || create_shards(path, true),
         |suffix| vllm_temp_name(&name, suffix),
     )?;
     let written = write_all_then_rename(file, bytes, &tmp, path);
@@ -215,6 +220,44 @@ mod tests {
             });
         }
     }
+
+    /// Each store's block is evicted at once, on another thread, which
+    /// removes the emptied directories while the next store makes them
+    /// again. `create_dir_all` failed such a store (AlreadyExists: its
+    /// mkdir found the directory, its check a moment later did not); CI
+    /// saw it once.
+    #[test]
+    fn stores_succeed_while_evictions_remove_their_directories() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shard = dir.path().join("ab/cd_g0");
+        let (evict, evictions) = std::sync::mpsc::channel::<std::path::PathBuf>();
+        let failed = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for path in evictions {
+                    crate::tier::tree::remove_block(&path).expect("evict");
+                }
+            });
+            let mut failed = Vec::new();
+            for i in 0..STORES {
+                let path = shard.join(format!("abcd{i}.bin"));
+                match store_block(&path, b"12345678") {
+                    Ok(stored) => assert_eq!(stored, Stored::Written),
+                    Err(error) => failed.push(error.to_string()),
+                }
+                evict.send(path).unwrap();
+            }
+            drop(evict);
+            failed
+        });
+        assert!(
+            failed.is_empty(),
+            "{} of {STORES} stores failed, e.g. {:?}",
+            failed.len(),
+            failed.first()
+        );
+    }
+
+    const STORES: usize = 20_000;
 
     #[cfg(unix)]
     #[test]
