@@ -13,7 +13,6 @@ server (SeaweedFS) and one budget and recency in a real Valkey
   KV connector on the same books (its scheduler's lookups ask them): every
   block loaded, only each prompt's last token computed, the same tokens as
   without offloading;
-- the same two prompts computed without a tier (B's time against it);
 - host C stores new prompts, then Valkey is restarted (its books lost):
   C's next batch runs (nothing hangs), the books are rebuilt from a
   listing, and A's prompts 4-5 are loaded from the bucket again; then
@@ -148,16 +147,12 @@ def hosts(h: "Harness", server: Seaweed, valkey: Valkey) -> None:
         loaded == 2 * (PROMPT_TOKENS - 1) and computed == 2,
         f"books host B: {loaded} prompt tokens loaded and {computed} computed of A's prompts 4-5: {b['metrics']}",
     )
-    # The same two prompts computed, no tier: what B's loads are against.
-    plain = h.settings(None, h.work / "books-plain")
-    plain["prompts"] = h.prompts[4:6]
-    recomputed = h.run("books-recompute", plain)
-    h.same_outputs("books, recomputed", {str(int(k) + 4): v for k, v in recomputed["outputs"].items()}, only={4, 5})
+    # B's time is noted, not checked (a run computing the two prompts
+    # without a tier, to set it against, cost CI an engine process for a
+    # figure: bench_connector.py measures loads against recomputing).
     h.notes.append(
         f"books host B (the KV connector): generate() of A's prompts 4-5, every prompt block from the bucket "
-        f"through the books, "
-        f"{b['seconds']:.2f} s; computing them {recomputed['seconds']:.2f} s "
-        f"({b['seconds'] / recomputed['seconds']:.2f}x)"
+        f"through the books, {b['seconds']:.2f} s"
     )
     restarted(h, server, valkey, form)
     sample = next(iter(server.list_objects(BUCKET, f"{PREFIX}/")))

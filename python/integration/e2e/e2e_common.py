@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = (
-    "restart", "chunks", "cross", "crash", "damage", "preempt", "connector", "capacity", "server", "fleet", "books",
+    "restart", "cross", "crash", "damage", "preempt", "connector", "capacity", "server", "fleet", "books",
 )
 #: Tokens per prompt: 18 blocks of 32.
 PROMPT_TOKENS = 576

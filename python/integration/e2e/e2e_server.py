@@ -339,9 +339,12 @@ def scenario(h: "Harness") -> None:
     stored = len(list((root / "kv").rglob("*.bin")))
     check(stored >= 2 * PREFIX_WORDS // 32, f"tiering: {stored} blocks stored by the drained server")
 
-    # Tiering 2-4: vLLM's default mode, aborted at SIGTERM.
+    # Tiering 2-3: vLLM's default mode, aborted at SIGTERM. The second
+    # start removes the region the first left, and the connector's start
+    # below the second's: two restarts after an abort, each checked. (A
+    # third, until issue 43, showed nothing the second does not.)
     leftovers: set[str] = set()
-    for i in (2, 3, 4):
+    for i in (2, 3):
         server = Server(h, f"server-tiering-default-{i}", default_mode(tiering), h.model, root)
         running = regions()
         check(not running & leftovers, f"{server.name}: a stopped server's region is still in /dev/shm: {running}")
@@ -365,7 +368,7 @@ def scenario(h: "Harness") -> None:
     # The connector: its start removes the last aborted server's region.
     croot = roots["connector"]
     server = Server(h, "server-connector-recipe", connector, h.model, croot)
-    check(not regions(), f"{server.name}: /dev/shm still holds {sorted(regions())} after three aborted servers")
+    check(not regions(), f"{server.name}: /dev/shm still holds {sorted(regions())} after two aborted servers")
     got = server.complete(texts)
     check(got == expected, f"{server.name}: texts {got} differ from {expected}")
     server.await_metrics(
