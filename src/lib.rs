@@ -62,6 +62,11 @@ pub mod tier;
 mod worker;
 
 pub use lookup::{Lookup, LookupError, Request, Ticket, Verdict};
+/// The publication stack's two-producer loom model (`publish.rs`), for the
+/// models' loom tests.
+#[cfg(kvtier_loom)]
+#[doc(hidden)]
+pub use publish::two_producers_racing_their_pushes as loom_publication_two_producers;
 pub use save::{SaveScheduler, SaveStep, SaveTracker, StoreTask, TaskId};
 #[cfg(fs_tier)]
 pub use tier::FsTier;

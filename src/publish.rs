@@ -182,47 +182,42 @@ mod tests {
     }
 }
 
-/// The push's compare-and-swap retry under loom: the drivers have one
+/// One execution of the push's compare-and-swap retry under loom, for
+/// `models/tests/loom_publication.rs` to explore: the drivers have one
 /// producer each (and the tokio driver is not built under loom), so only a
-/// model with two producers makes a CAS fail and retry.
-#[cfg(all(test, kvtier_loom))]
-mod loom_models {
-    use super::*;
+/// model with two producers makes a CAS fail and retry. Two producers race
+/// their pushes while the consumer takes: every value is taken exactly
+/// once, each producer's in its push order, and the consumer's reads of the
+/// nodes see the producers' writes (loom checks each `UnsafeCell` access for
+/// a happens-before edge). It lives here, not among the library's unit
+/// tests, so that CI's loom step builds it with the models (a loom build of
+/// the library's tests builds all its test dependencies in release too).
+#[cfg(kvtier_loom)]
+pub fn two_producers_racing_their_pushes() {
     use crate::sync::{Arc, thread};
 
-    /// Two producers race their pushes while the consumer takes: every value
-    /// is taken exactly once, each producer's in its push order, and the
-    /// consumer's reads of the nodes see the producers' writes (loom checks
-    /// each `UnsafeCell` access for a happens-before edge).
-    #[test]
-    fn two_producers_racing_their_pushes_lose_nothing() {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound.get_or_insert(3);
-        builder.check(|| {
-            let stack = Arc::new(PublishStack::new());
-            let producers: Vec<_> = [[1, 2], [10, 20]]
-                .into_iter()
-                .map(|values| {
-                    let stack = stack.clone();
-                    thread::Builder::new()
-                        .spawn(move || {
-                            for value in values {
-                                stack.push(value);
-                            }
-                        })
-                        .unwrap()
+    let stack = Arc::new(PublishStack::new());
+    let producers: Vec<_> = [[1, 2], [10, 20]]
+        .into_iter()
+        .map(|values| {
+            let stack = stack.clone();
+            thread::Builder::new()
+                .spawn(move || {
+                    for value in values {
+                        stack.push(value);
+                    }
                 })
-                .collect();
-            let mut taken = stack.take_all();
-            for producer in producers {
-                producer.join().unwrap();
-            }
-            taken.extend(stack.take_all());
-            let mut values = taken.clone();
-            values.sort_unstable();
-            assert_eq!(values, [1, 2, 10, 20], "taken: {taken:?}");
-            let at = |value| taken.iter().position(|v| *v == value).unwrap();
-            assert!(at(1) < at(2) && at(10) < at(20), "taken: {taken:?}");
-        });
+                .unwrap()
+        })
+        .collect();
+    let mut taken = stack.take_all();
+    for producer in producers {
+        producer.join().unwrap();
     }
+    taken.extend(stack.take_all());
+    let mut values = taken.clone();
+    values.sort_unstable();
+    assert_eq!(values, [1, 2, 10, 20], "taken: {taken:?}");
+    let at = |value| taken.iter().position(|v| *v == value).unwrap();
+    assert!(at(1) < at(2) && at(10) < at(20), "taken: {taken:?}");
 }

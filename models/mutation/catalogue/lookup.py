@@ -359,7 +359,7 @@ MUTATIONS = [
         "a push stores its node over the head instead of a compare-and-swap (a racing push is lost)",
         [("            match self\n                .head\n                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)\n            {\n                Ok(_) => return,\n                Err(current) => head = current,\n            }",
           "            self.head.store(node, Ordering::Release);\n            return;")],
-        TEST + ["-p", "kvtier", "--release", "--lib", "loom_models"],
+        TEST + ["-p", "kvtier-models", "--release", "--test", "loom_publication"],
         LOOM,
     ),
     # Lookups settled by the tier's own news (L18): the table's settle, the
