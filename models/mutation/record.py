@@ -12,8 +12,11 @@ from .defs import ROOT, portable
 
 #: The keys of the mutations of the last recorded runs, by id.
 RECORD = os.path.join(ROOT, "models", "mutants-record.json")
-#: The fixed sample: every SAMPLE_EVERY-th mutation in registry order.
-SAMPLE_EVERY = 13
+#: The fixed sample: every SAMPLE_EVERY-th mutation, in registry order, of
+#: those whose check is a debug `cargo test` (the checks that rebuild the
+#: Python extension, run in vLLM's venv or build in release run when their
+#: guard or check changed, and in the recorded full runs).
+SAMPLE_EVERY = 14
 CHANGED = "changed since the recorded run"
 
 
@@ -21,18 +24,30 @@ def key(mutation, tree, read=None):
     return keys.key(mutation, tree, portable(mutation.check), read)
 
 
+def in_debug_build(mutation):
+    """Whether the mutation's check is a `cargo test` of the debug build
+    (what the README's test step has built)."""
+    return mutation.check[0] == "cargo" and "--release" not in mutation.check
+
+
+def fixed_sample(every):
+    """The ids of the fixed sample of the registry `every`: every
+    SAMPLE_EVERY-th of its mutations checked in the debug build."""
+    light = [m.id for m in every if in_debug_build(m)]
+    return {id for i, id in enumerate(light) if i % SAMPLE_EVERY == 0}
+
+
 def ci_selection(mutations, record, tree, read=None, every=None):
     """[(mutation, why)] CI runs: every mutation whose key is not the
     recorded one (its guard, its check or the mutation changed, or it is
-    new), and every SAMPLE_EVERY-th one of `every` (the registry)."""
-    every = every if every is not None else mutations
-    position = {m.id: i for i, m in enumerate(every)}
+    new), and the fixed sample of `every` (the registry)."""
+    sample = fixed_sample(every if every is not None else mutations)
     read = read or keys._reader(tree)
     chosen = []
     for mutation in mutations:
         if record.get(mutation.id) != key(mutation, tree, read):
             chosen.append((mutation, CHANGED))
-        elif position.get(mutation.id, 0) % SAMPLE_EVERY == 0:
+        elif mutation.id in sample:
             chosen.append((mutation, "fixed sample"))
     return chosen
 

@@ -39,7 +39,17 @@ def mutate(mutation, tree):
 
 
 def target_dir(env):
-    return os.path.join(SCRATCH, "target-" + env.get("RUSTFLAGS", "std").split()[-1])
+    """Where a check builds: the scratch dir's target for its RUSTFLAGS, or
+    for checks without any, `KVTIER_MUTANTS_TARGET` when set (CI points it
+    at the checkout's own target, whose debug dependencies the test steps
+    built: the scratch tree's crates sit at other paths, so cargo keeps
+    their artifacts apart from the checkout's, and only the dependencies
+    are shared)."""
+    flags = env.get("RUSTFLAGS")
+    shared = os.environ.get("KVTIER_MUTANTS_TARGET")
+    if shared and not flags:
+        return shared
+    return os.path.join(SCRATCH, "target-" + (flags or "std").split()[-1])
 
 
 def check(command, env_extra, tree, shown=None):

@@ -20,7 +20,7 @@ import tempfile
 from . import keys
 from .defs import ROOT, TEST, VLLM_TESTS, VLLM_VENV, Mutation, portable, pytest
 from .guards import GUARD_TAG, guard_tags
-from .record import CHANGED, SAMPLE_EVERY, ci_selection, key, read_record, RECORD
+from .record import CHANGED, ci_selection, fixed_sample, key, read_record, RECORD
 
 
 def check_selection(mutations):
@@ -45,7 +45,7 @@ def _real_tree(mutations):
             broken.append(f"{m.id}: {e}")
     assert not broken, "checks whose own code cannot be found:\n" + "\n".join(broken)
     picked = {m.id for m, _ in ci_selection(mutations, record, ROOT, read)}
-    sample = {m.id for i, m in enumerate(mutations) if i % SAMPLE_EVERY == 0}
+    sample = fixed_sample(mutations)
     assert picked == sample, f"an unchanged tree picks {sorted(picked - sample)} beyond the sample"
     tags = guard_tags(ROOT)
     missed = []

@@ -5,7 +5,7 @@ and the check expected to catch it; the code marks each guard with a
 
 from . import capacity, engine, fleet, fs_tier, limits, lookup, objects, python, save, settings, vllm
 
-#: In a fixed order: the CI sample (record.py) takes every SAMPLE_EVERY-th.
+#: In a fixed order: the CI sample (record.fixed_sample) is taken in it.
 MUTATIONS = (lookup.MUTATIONS + save.MUTATIONS + fs_tier.MUTATIONS + vllm.MUTATIONS
              + capacity.MUTATIONS + limits.MUTATIONS + python.MUTATIONS + engine.MUTATIONS
              + settings.MUTATIONS + objects.MUTATIONS + fleet.MUTATIONS + vllm.APPENDED)

@@ -1,5 +1,5 @@
 """Issue 42's mutations, appended after issue 41's so that the CI sample
-(every SAMPLE_EVERY-th of the registry) keeps its members: vLLM's layout
+(record.fixed_sample, taken in registry order) keeps its members: vLLM's layout
 in an object store (src/tier/vllm/bucket.rs), the object store's settings
 (src/settings/object.rs, python/src/door.rs), the budget across hosts
 (src/tier/object_budget.rs, src/tier/vllm/budgeted.rs), stale multipart

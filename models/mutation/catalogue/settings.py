@@ -1,7 +1,7 @@
-"""Issue 41's mutations, appended last so that the CI sample (every
-SAMPLE_EVERY-th of the registry) keeps its members: the one door settings
-pass (src/settings/, kvtier::settings), H7-H10; and vLLM's transfers'
-change log (src/tier/vllm/changes.rs), V11."""
+"""Issue 41's mutations, appended last so that the CI sample
+(record.fixed_sample, taken in registry order) keeps its members: the one
+door settings pass (src/settings/, kvtier::settings), H7-H10; and vLLM's
+transfers' change log (src/tier/vllm/changes.rs), V11."""
 
 from ..defs import TEST, Mutation
 
